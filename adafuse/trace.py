@@ -1,0 +1,127 @@
+"""The trace: plain dataclasses (str/float/int/bool/list/dict) recording every decision."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import TraceError
+
+TRACE_VERSION = 1
+
+
+@dataclass
+class ModelStep:
+    """What one model did in one round."""
+    model: str
+    mode: str                      # "commit" | "explore" | "beam" | "span" | "greedy"
+    margins: list[float]           # Δ = p(top1) − p(top2) at every word start it looked at
+    proposals: list[int]           # indices into the round's candidates, in proposal order
+    forward_passes: int = 0        # model calls this round (proposing + scoring + catching up)
+    tokens_fed: int = 0            # token positions fed this round (batch rows × length)
+    seconds: float = 0.0
+
+
+@dataclass
+class Candidate:
+    """One distinct span in the pool and how every model scored it."""
+    text: str
+    eos: bool                      # the span ends the answer (a model's end-of-sequence token)
+    proposers: list[str]
+    nll: dict[str, float | None]   # length-normalized NLL per model (None: not scored)
+    n_tokens: dict[str, int]       # |T_m(c)| in context, per model
+    fused: float | None            # mean NLL over models
+    words: int = 0
+    straddle: dict[str, bool] = field(default_factory=dict)  # a token crossed the y|c boundary
+
+
+@dataclass
+class Round:
+    """One round: proposals, pool, scores, the choice."""
+    index: int
+    steps: list[ModelStep]
+    candidates: list[Candidate]
+    chosen: int                    # index of the appended candidate
+    winner: int                    # index the scores picked (differs from chosen when overridden)
+    text: str                      # exactly what was appended to the output (after stop cutting)
+    words: int
+    seconds: float
+    overridden: bool = False
+    stop: str | None = None        # why decoding stopped after this round, if it did
+
+    @property
+    def kind(self) -> str:
+        """"override", "commit" (every model confident) or "explore" (someone explored)."""
+        if self.overridden:
+            return "override"
+        return "commit" if all(s.mode in ("commit", "greedy", "span") for s in self.steps) else "explore"
+
+
+@dataclass
+class Trace:
+    """A whole decode: settings, models, rounds, output and costs."""
+    prompt: str
+    models: list[str]
+    settings: dict
+    prompt_modes: dict[str, str]   # per model: "raw", "chat", or "raw (no chat template)"
+    rounds: list[Round] = field(default_factory=list)
+    output: str = ""
+    stop_reason: str | None = None
+    prefill: dict[str, dict] = field(default_factory=dict)  # per model: prompt_tokens, forward_passes, tokens_fed, seconds
+    seconds: float = 0.0
+    devices: dict[str, str] = field(default_factory=dict)
+    version: int = TRACE_VERSION
+
+    # ---- derived numbers the CLI, app and benchmark read ----
+    @property
+    def words(self) -> int:
+        return sum(r.words for r in self.rounds)
+
+    def cost(self, model: str) -> dict:
+        """Forward passes, tokens fed and seconds spent by one model, prefill included."""
+        pre = self.prefill.get(model, {})
+        steps = [s for r in self.rounds for s in r.steps if s.model == model]
+        return {
+            "forward_passes": pre.get("forward_passes", 0) + sum(s.forward_passes for s in steps),
+            "tokens_fed": pre.get("tokens_fed", 0) + sum(s.tokens_fed for s in steps),
+            "seconds": pre.get("seconds", 0.0) + sum(s.seconds for s in steps),
+        }
+
+    def words_per_round(self) -> list[int]:
+        return [r.words for r in self.rounds]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Trace":
+        try:
+            rounds = [
+                Round(**{**r, "steps": [ModelStep(**s) for s in r["steps"]],
+                         "candidates": [Candidate(**c) for c in r["candidates"]]})
+                for r in d.get("rounds", [])
+            ]
+            fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "rounds"}
+            return cls(**fields, rounds=rounds)
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise TraceError(f"not a valid AdaFuse trace ({exc}); load a file written by Trace.save "
+                             "or the app's export") from exc
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=1)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_json(), encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TraceError(f"cannot read trace {path}: {exc}; pick a .json trace exported by AdaFuse") from exc
+        if not isinstance(data, dict) or "rounds" not in data or "models" not in data:
+            raise TraceError(f"{path} is JSON but not an AdaFuse trace (no 'rounds'/'models'); "
+                             "pick a file exported by AdaFuse")
+        return cls.from_dict(data)

@@ -1,0 +1,48 @@
+"""Word boundaries, stop strings and token-prefix helpers (pure functions, no models)."""
+from __future__ import annotations
+
+import re
+
+_WORD = re.compile(r"\s*\S+")
+
+
+def word_end(text: str) -> int | None:
+    """Index where the first word of `text` ends: the first whitespace after a non-whitespace
+    character, or None while the word may still grow."""
+    seen = False
+    for i, ch in enumerate(text):
+        if ch.isspace():
+            if seen:
+                return i
+        else:
+            seen = True
+    return None
+
+
+def count_words(text: str) -> int:
+    """Number of words (leading whitespace + non-whitespace run) in `text`."""
+    return len(_WORD.findall(text))
+
+
+def split_words(text: str) -> list[str]:
+    """Words with their leading whitespace; joining them gives back `text` minus trailing spaces."""
+    return _WORD.findall(text)
+
+
+def find_stop(text: str, stops: tuple[str, ...], start: int = 0) -> int | None:
+    """Earliest index >= start at which a stop string begins in text, or None."""
+    best = None
+    for s in stops:
+        i = text.find(s, max(0, start))
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
