@@ -54,8 +54,9 @@ class Decoding:
         cfg = self.config
         t0 = time.perf_counter()
         before = [s.stats() for s in self.sessions]
-        budget = max(1, cfg.max_new_words - count_words(self.trace.output))
+        budget = max(1, cfg.max_new_words - self.trace.words)
         keys: dict[tuple[str, bool], int] = {}
+        words: list[int] = []
         proposers: list[list[str]] = []
         own: list[dict[int, Proposal]] = [{} for _ in self.sessions]
         steps = []
@@ -69,6 +70,7 @@ class Decoding:
                 if key not in keys:
                     keys[key] = len(keys)
                     proposers.append([])
+                    words.append(p.words)
                 i = keys[key]
                 if name not in proposers[i]:
                     proposers[i].append(name)
@@ -78,7 +80,7 @@ class Decoding:
             steps.append(ModelStep(model=name, mode=mode, margins=margins, proposals=indices))
         cands = list(keys)
         if not cands:  # nothing but empty text: cannot move
-            cands, proposers = [("", True)], [[]]
+            cands, proposers, words = [("", True)], [[]], [0]
         nll: list[dict] = [{} for _ in cands]
         ntok: list[dict] = [{} for _ in cands]
         strad: list[dict] = [{} for _ in cands]
@@ -92,7 +94,7 @@ class Decoding:
             f, t, sec = s.stats()
             step.forward_passes, step.tokens_fed, step.seconds = f - b[0], t - b[1], sec - b[2]
         candidates = [Candidate(text=t, eos=e, proposers=proposers[i], nll=nll[i], n_tokens=ntok[i], fused=fused[i],
-                                words=count_words(t), straddle=strad[i]) for i, (t, e) in enumerate(cands)]
+                                words=words[i], straddle=strad[i]) for i, (t, e) in enumerate(cands)]
         self.pending = Round(index=len(self.trace.rounds), steps=steps, candidates=candidates, chosen=winner,
                              winner=winner, text=candidates[winner].text, words=candidates[winner].words,
                              seconds=time.perf_counter() - t0)
@@ -134,9 +136,10 @@ class Decoding:
             stop = "eos"
         elif cand.text == "":
             stop = "no progress"
-        elif count_words(new) >= cfg.max_new_words:
+        r.text = new[len(old):]
+        r.words = cand.words if r.text == cand.text else min(cand.words, count_words(r.text))
+        if stop is None and self.trace.words + r.words >= cfg.max_new_words:
             stop = "max_new_words"
-        r.text, r.words = new[len(old):], count_words(new[len(old):])
         if stop is None:
             before = [s.stats() for s in self.sessions]
             for s in self.sessions:

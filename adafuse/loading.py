@@ -95,7 +95,7 @@ def _tokenizer_adds_bos(tokenizer) -> bool:
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is None:
         return False
-    ids = tokenizer("a").input_ids
+    ids = tokenizer("").input_ids
     return bool(ids) and ids[0] == bos
 
 

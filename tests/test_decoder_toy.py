@@ -1,0 +1,168 @@
+"""The algorithm on toy LMs whose right answers are computed by hand here."""
+import pytest
+
+from adafuse import AdaFuse, ConfigError, DecodeConfig, PromptError, Trace
+from adafuse.scoring import score_candidates
+from adafuse.session import ModelSession
+from tests.toy import nll, toy_model
+
+V = ["Q", " Paris", "Paris", " London", ".", " is", " nice", "\n", " big", "ab"]
+
+# a: confident; b: unsure between London and Paris.
+A_RULES = {"Q": {" Paris": 0.9, " London": 0.05}, " Paris": {" is": 0.8, " big": 0.05},
+           " is": {" nice": 0.9}, " nice": {".": 0.9}, ".": {"<eos>": 0.9}, " London": {" is": 0.5}}
+B_RULES = {"Q": {" London": 0.5, " Paris": 0.3, "Paris": 0.15, "\n": 0.04}, " London": {" is": 0.9},
+           " Paris": {" is": 0.6, " big": 0.3}, " is": {" nice": 0.5, " big": 0.4}, " nice": {".": 0.99},
+           ".": {"<eos>": 0.99}}
+
+
+def pair(**rules):
+    return toy_model("a", V, rules.get("a", A_RULES)), toy_model("b", V, rules.get("b", B_RULES))
+
+
+def first_round(cfg: DecodeConfig, models=None):
+    d = AdaFuse(models or pair(), cfg).start("Q")
+    return d, d.propose()
+
+
+def rest(k):
+    """Probability of each unlisted token given the listed mass k (V plus <bos>, <eos>: 12 tokens)."""
+    return lambda listed: (1 - k) / (12 - listed)
+
+
+def test_confident_model_commits_up_to_M_words_and_records_margins():
+    _, r = first_round(DecodeConfig(tau=0.7, max_words=2))
+    a = r.steps[0]
+    assert a.mode == "commit"
+    assert a.margins == pytest.approx([0.9 - 0.05, 0.8 - 0.05], abs=1e-6)
+    assert r.candidates[a.proposals[0]].text == " Paris is"  # M = 2 caps the span
+
+
+def test_span_stops_when_margin_drops_below_tau():
+    rules = dict(A_RULES, **{" Paris": {" is": 0.5, " big": 0.4}})
+    _, r = first_round(DecodeConfig(tau=0.7, max_words=3), pair(a=rules))
+    a = r.steps[0]
+    assert a.margins == pytest.approx([0.85, 0.1], abs=1e-6)
+    assert r.candidates[a.proposals[0]].text == " Paris"
+
+
+def test_uncertain_model_explores_B_distinct_first_tokens():
+    _, r = first_round(DecodeConfig(tau=0.7, branches=3))
+    b = r.steps[1]
+    assert b.mode == "explore" and b.margins == pytest.approx([0.2], abs=1e-6)
+    texts = [r.candidates[i].text for i in b.proposals]
+    # "Paris" has the same surface as " Paris" once whitespace is stripped: skipped for "\n".
+    assert texts == [" London", " Paris", "\n"]
+
+
+def test_beam_ablation_keeps_near_duplicates():
+    _, r = first_round(DecodeConfig(tau=0.7, branches=3, diversity=False))
+    b = r.steps[1]
+    assert b.mode == "beam"
+    assert {r.candidates[i].text for i in b.proposals} == {" London", " Paris", "Paris"}
+
+
+def test_pool_is_deduplicated_and_scored_by_hand():
+    rules_b = dict(B_RULES, **{"Q": {" Paris": 0.5, " London": 0.3, "\n": 0.1}})
+    _, r = first_round(DecodeConfig(tau=0.7, max_words=2, branches=2), pair(b=rules_b))
+    texts = [c.text for c in r.candidates]
+    assert texts == [" Paris is", " Paris", " London"]
+    # " Paris is" was proposed by a only; " Paris" by b only; nothing appears twice.
+    assert r.candidates[0].proposers == ["a"] and r.candidates[1].proposers == ["b"]
+    c = {t: r.candidates[i] for i, t in enumerate(texts)}
+    assert c[" Paris is"].nll["a"] == pytest.approx(nll(0.9, 0.8), abs=1e-5)
+    assert c[" Paris is"].nll["b"] == pytest.approx(nll(0.5, 0.6), abs=1e-5)
+    assert c[" Paris"].nll["a"] == pytest.approx(nll(0.9), abs=1e-5)
+    assert c[" London"].nll["b"] == pytest.approx(nll(0.3), abs=1e-5)
+    assert c[" Paris is"].n_tokens == {"a": 2, "b": 2}
+    for cand in r.candidates:
+        assert cand.fused == pytest.approx((cand.nll["a"] + cand.nll["b"]) / 2)
+    best = min(range(3), key=lambda i: r.candidates[i].fused)
+    assert r.winner == best == 0
+
+
+def test_ties_go_to_the_first_candidate_in_pool_order():
+    same = {"Q": {" Paris": 0.45, " London": 0.45}}
+    _, r = first_round(DecodeConfig(tau=0.7, branches=2), pair(a=same, b=same))
+    assert [c.text for c in r.candidates] == [" Paris", " London"]
+    assert r.candidates[0].fused == pytest.approx(r.candidates[1].fused)
+    assert r.candidates[0].proposers == ["a", "b"]
+    assert r.winner == 0
+
+
+def test_whole_decode_reproduces_output_and_stops_at_eos():
+    tr = AdaFuse(pair(), DecodeConfig(tau=0.7)).generate("Q")
+    assert tr.output == "".join(r.text for r in tr.rounds)
+    assert tr.stop_reason == "eos"
+    assert tr.output.endswith(".") and "<eos>" not in tr.output
+
+
+def test_stop_string_cuts_the_output():
+    rules = dict(A_RULES, **{" is": {"\n": 0.95}, "\n": {" nice": 0.99}})
+    tr = AdaFuse(pair(a=rules), DecodeConfig(tau=0.0, stop=("\n",))).generate("Q")
+    assert tr.stop_reason == "stop string" and "\n" not in tr.output and tr.output
+
+
+def test_model_without_whitespace_still_moves():
+    rules = {"": {"ab": 0.99}}
+    models = toy_model("a", V, rules), toy_model("b", V, rules)
+    tr = AdaFuse(models, DecodeConfig(max_word_tokens=3, max_new_words=4)).generate("Q")
+    assert tr.output == "ab" * 12 and tr.stop_reason == "max_new_words"
+    assert all(r.text == "ababab" for r in tr.rounds)
+
+
+def test_decoding_is_deterministic():
+    cfg = DecodeConfig(tau=0.5, branches=3)
+    one = AdaFuse(pair(), cfg).generate("Q").to_dict()
+    two = AdaFuse(pair(), cfg).generate("Q").to_dict()
+    for t in (one, two):
+        for r in t["rounds"]:
+            r["seconds"] = 0
+            for s in r["steps"]:
+                s["seconds"] = 0
+        t["seconds"] = 0
+        for p in t["prefill"].values():
+            p["seconds"] = 0
+    assert one == two
+    assert Trace.from_dict(one).to_dict() == one
+
+
+def test_override_commits_another_candidate_and_marks_the_round():
+    d, r = first_round(DecodeConfig(tau=0.7, branches=2))
+    other = next(i for i in range(len(r.candidates)) if i != r.winner)
+    done = d.commit(other)
+    assert done.overridden and done.kind == "override" and done.chosen == other
+    assert d.trace.output == r.candidates[other].text
+    for s in d.sessions:  # every model now continues from the overridden text
+        assert s.ids == s.encode(d.trace.output)
+    with pytest.raises(ConfigError):
+        d.propose() and d.commit(99)
+
+
+def test_scoring_does_not_change_the_session():
+    a, _ = pair()
+    s = ModelSession(a, "Q")
+    ids, text, lp = list(s.ids), s.text, s.next_logprobs.clone()
+    scores = score_candidates(s, [(" Paris", False), (" Paris is", False), ("", True)])
+    assert s.ids == ids and s.text == text and bool((s.next_logprobs == lp).all())
+    # "the answer ends" = all end tokens (<bos>, <eos>) together; both unlisted at "Q"
+    assert scores[2].nll == pytest.approx(nll(2 * (1 - 0.95) / 10), abs=1e-5)
+
+
+def test_cache_follows_commits_exactly():
+    d = AdaFuse(pair(), DecodeConfig(tau=0.5)).start("Q")
+    for _ in d:
+        for s in d.sessions if not d.done else []:
+            assert s.cached_ids[: len(s.ids)] == s.ids == s.encode(d.trace.output)
+            assert s.cache.get_seq_length() == len(s.cached_ids)
+
+
+def test_bad_input_is_typed():
+    with pytest.raises(PromptError):
+        AdaFuse(pair(), DecodeConfig()).generate("   ")
+    with pytest.raises(ConfigError):
+        AdaFuse([pair()[0]], DecodeConfig())
+    with pytest.raises(ConfigError):
+        AdaFuse(pair(), DecodeConfig(method="greedy"))
+    with pytest.raises(PromptError):
+        AdaFuse([toy_model("s", V, {}, max_positions=4), pair()[1]], DecodeConfig()).generate("Q Paris Paris Paris")

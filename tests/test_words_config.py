@@ -1,0 +1,57 @@
+"""Model-free checks: words, stop strings, settings validation, trace JSON."""
+import pytest
+
+from adafuse import ConfigError, DecodeConfig, Trace, TraceError
+from adafuse.trace import Candidate, ModelStep, Round
+from adafuse.words import common_prefix, count_words, find_stop, split_words, word_end
+
+
+def test_word_end_keeps_leading_whitespace_and_stops_before_next_space():
+    assert word_end(" Paris. Next") == 7
+    assert word_end("\n\nStep 1") == 6
+    assert word_end("   ") is None and word_end(" Paris") is None
+
+
+def test_split_and_count_words_reproduce_text():
+    text = " The answer\n\nis 42."
+    assert "".join(split_words(text)) == text
+    assert count_words(text) == 4 and count_words("") == 0 and count_words("\n") == 0
+
+
+def test_find_stop_earliest_and_from_start():
+    assert find_stop("a\n\nQuestion: b\nc", ("\n", "\n\nQuestion:")) == 1
+    assert find_stop("abc", ("x",)) is None
+    assert find_stop("x..x", ("x",), start=1) == 3
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and common_prefix([], [1]) == 0
+
+
+@pytest.mark.parametrize("kw", [dict(tau=1.5), dict(tau=-0.1), dict(tau=float("nan")), dict(max_words=0),
+                                dict(branches=0), dict(mode="json"), dict(method="vote"), dict(stop=("",)),
+                                dict(max_new_words=0), dict(max_word_tokens=True)])
+def test_bad_settings_raise_typed_errors_naming_the_argument(kw):
+    with pytest.raises(ConfigError) as err:
+        DecodeConfig(**kw)
+    assert next(iter(kw)) in str(err.value)
+
+
+def test_config_round_trip_and_single_stop_string():
+    cfg = DecodeConfig(stop="\n", tau=0.5)
+    assert cfg.stop == ("\n",)
+    assert DecodeConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_trace_round_trip(tmp_path):
+    r = Round(index=0, steps=[ModelStep("a", "commit", [0.9], [0], 2, 3, 0.1)],
+              candidates=[Candidate(" x", False, ["a"], {"a": 0.5}, {"a": 1}, 0.5, 1)],
+              chosen=0, winner=0, text=" x", words=1, seconds=0.1)
+    t = Trace(prompt="p", models=["a"], settings={}, prompt_modes={"a": "raw"}, rounds=[r], output=" x")
+    back = Trace.load(t.save(tmp_path / "t.json"))
+    assert back == t and back.rounds[0].kind == "commit"
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(TraceError):
+        Trace.load(tmp_path / "bad.json")
+    with pytest.raises(TraceError):
+        Trace.load(tmp_path / "missing.json")

@@ -1,0 +1,99 @@
+"""A toy causal LM with hand-set next-token tables, and a max-munch tokenizer, for exact tests.
+
+The toy model stores token ids in its KV cache, so its next-token distribution is a function of the
+whole context as the cache holds it: a wrongly cropped or re-fed cache changes the answer.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import torch
+
+from adafuse.loading import LoadedModel
+
+
+class ToyTokenizer:
+    def __init__(self, vocab: list[str], bos: str | None = "<bos>", eos: str = "<eos>"):
+        self.tokens = ([bos] if bos else []) + [eos] + [v for v in vocab if v not in (bos, eos)]
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+        self.bos_token, self.eos_token = bos, eos
+        self.bos_token_id = self.index[bos] if bos else None
+        self.eos_token_id = self.index[eos]
+        self.specials = [t for t in (bos, eos) if t]
+        self.all_special_ids = [self.index[t] for t in self.specials]
+        self.added_tokens_decoder = {i: SimpleNamespace(content=self.tokens[i], special=True) for i in self.all_special_ids}
+        self.chat_template = None
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def encode_text(self, text: str) -> list[int]:
+        ids, i = [], 0
+        while i < len(text):
+            best = max((t for t in self.tokens if text.startswith(t, i)), key=len, default=None)
+            if best is None:
+                raise ValueError(f"toy tokenizer cannot encode {text[i:]!r}")
+            ids.append(self.index[best])
+            i += len(best)
+        return ids
+
+    def __call__(self, text: str, add_special_tokens: bool = True):
+        ids = self.encode_text(text)
+        if add_special_tokens and self.bos_token_id is not None:
+            ids = [self.bos_token_id] + ids
+        return SimpleNamespace(input_ids=ids)
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(self.tokens[i] for i in ids if not (skip_special_tokens and i in self.all_special_ids))
+
+
+class ToyLM(torch.nn.Module):
+    """Next-token probabilities looked up by the longest rule key that ends the context text.
+
+    rules: {context suffix: {token: probability}}; leftover mass is spread evenly over the other tokens.
+    """
+
+    def __init__(self, tok: ToyTokenizer, rules: dict[str, dict[str, float]], max_positions: int = 4096):
+        super().__init__()
+        self.tok, self.rules = tok, rules
+        self.head = torch.nn.Linear(1, len(tok), bias=False)
+        self.config = SimpleNamespace(max_position_embeddings=max_positions)
+        self.generation_config = SimpleNamespace(eos_token_id=tok.eos_token_id)
+        self.calls = 0
+
+    def get_output_embeddings(self):
+        return self.head
+
+    def dist(self, text: str) -> torch.Tensor:
+        keys = [k for k in self.rules if text.endswith(k)]
+        table = self.rules[max(keys, key=len)] if keys else {}
+        v = len(self.tok)
+        probs = torch.zeros(v, dtype=torch.float64)
+        for t, p in table.items():
+            probs[self.tok.index[t]] = p
+        rest = [i for i in range(v) if self.tok.tokens[i] not in table]
+        left = 1.0 - sum(table.values())
+        probs[rest] = max(left, 1e-12) / max(len(rest), 1)
+        return probs.log()
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True, **_):
+        self.calls += 1
+        n, t = input_ids.shape
+        x = input_ids.double().reshape(n, 1, t, 1)  # (N, 1, T, 1): the cache stores token ids
+        keys, _ = past_key_values.update(x, x, 0)  # (N, 1, P+T, 1)
+        ids = keys[:, 0, :, 0].long()  # (N, P+T)
+        p = ids.shape[1] - t
+        logits = torch.stack([torch.stack([self.dist(self.tok.decode(ids[i, : p + j + 1].tolist()))
+                                           for j in range(t)]) for i in range(n)])  # (N, T, V)
+        return SimpleNamespace(logits=logits.float())
+
+
+def toy_model(name: str, vocab: list[str], rules: dict, **kw) -> LoadedModel:
+    tok = ToyTokenizer(vocab)
+    return LoadedModel.from_objects(name, ToyLM(tok, rules, **kw), tok)
+
+
+def nll(*probs: float) -> float:
+    """Length-normalized NLL of a token sequence with these probabilities."""
+    return -sum(math.log(p) for p in probs) / len(probs)
