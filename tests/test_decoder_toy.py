@@ -108,7 +108,7 @@ def test_model_without_whitespace_still_moves():
     models = toy_model("a", V, rules), toy_model("b", V, rules)
     tr = AdaFuse(models, DecodeConfig(max_word_tokens=3, max_new_words=4)).generate("Q")
     assert tr.output == "ab" * 12 and tr.stop_reason == "max_new_words"
-    assert all(r.text == "ababab" for r in tr.rounds)
+    assert [r.words for r in tr.rounds] == [3, 1]  # a forced word is 3 tokens; M = 3, then the cap
 
 
 def test_decoding_is_deterministic():
