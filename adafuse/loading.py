@@ -211,6 +211,8 @@ def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | 
         if not isinstance(dtype, torch.dtype):
             raise ModelLoadError("unknown dtype: use float32, bfloat16 or float16")
     dtype = dtype or default_dtype(device)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # one line of status from us beats 300 lines of bars
     start = time.perf_counter()
     path = Path(name).expanduser()
     gguf = _bundled_gguf(name) if name in BUNDLED else (path if path.suffix == ".gguf" and path.is_file() else None)

@@ -1,0 +1,91 @@
+"""Integration tier: the real bundled pair (SmolLM2-135M-Instruct + Gemma-3-270M), loaded once."""
+import json
+
+import pytest
+import torch
+
+from adafuse import AdaFuse, DecodeConfig, ModelLoadError, ModelNotFoundError, Trace, greedy, load_model
+from tests.conftest import SHARED
+
+
+def qa_prompt(task: str, index: int = 0) -> str:
+    prompt = (SHARED / task / "prompt.txt").read_text()
+    row = json.loads((SHARED / task / "dev.jsonl").read_text().splitlines()[index])
+    return f"{prompt}\n\nQuestion: {row['question']}\nAnswer:"
+
+
+def gsm8k_prompt(index: int = 0) -> str:
+    prompt = (SHARED / "gsm8k" / "prompt.txt").read_text()
+    row = json.loads((SHARED / "gsm8k" / "test300.jsonl").read_text().splitlines()[index])
+    return f"{prompt}\n\nQuestion: {row['question']}\nLet's think step by step\n"
+
+
+def check_trace(tr: Trace) -> None:
+    assert tr.output.strip(), "empty output"
+    assert tr.output == "".join(r.text for r in tr.rounds)
+    assert Trace.from_dict(json.loads(tr.to_json())) == tr
+    for r in tr.rounds:
+        assert 0 <= r.chosen < len(r.candidates) and len(r.steps) == len(tr.models)
+        if len(r.candidates) > 1:
+            fused = [c.fused for c in r.candidates]
+            assert r.winner == fused.index(min(fused))
+
+
+def models_disagree(tr: Trace) -> bool:
+    """Some round where the two models proposed different candidates."""
+    return any(set(r.steps[0].proposals) != set(r.steps[1].proposals) for r in tr.rounds)
+
+
+def test_nq_few_shot(pair):
+    tr = AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=24)).generate(qa_prompt("nq"))
+    check_trace(tr)
+    assert models_disagree(tr)
+
+
+def test_gsm8k_prompt(pair):
+    tr = AdaFuse(pair, DecodeConfig(stop=("\n\nQuestion:",), max_new_words=40)).generate(gsm8k_prompt())
+    check_trace(tr)
+    assert models_disagree(tr)
+    assert tr.prefill["gemma3-270m"]["prompt_tokens"] > 512  # past Gemma 3's sliding window
+
+
+def test_chat_prompt_uses_templates_and_falls_back(pair):
+    tr = AdaFuse(pair, DecodeConfig(mode="chat", max_new_words=30)).generate("Name three primary colors.")
+    check_trace(tr)
+    assert models_disagree(tr)
+    assert tr.prompt_modes == {"smollm2-135m-instruct": "chat", "gemma3-270m": "raw (no chat template)"}
+
+
+@pytest.mark.parametrize("prompt", ["short", "gsm8k"])
+def test_kv_cache_matches_a_fresh_forward(pair, prompt):
+    text = gsm8k_prompt(1) if prompt == "gsm8k" else "The three largest cities of Japan are"
+    d = AdaFuse(pair, DecodeConfig(max_new_words=100, tau=0.6)).start(text)
+    for _ in range(8):
+        d.step()
+    assert not d.done
+    for s in d.sessions:
+        ids = s.encode(d.trace.output)
+        assert s.ids == ids
+        with torch.inference_mode():
+            fresh = torch.log_softmax(s.lm.model(torch.tensor([ids])).logits[0, -1].float(), -1)
+        assert (fresh - s.next_logprobs).abs().max().item() < 1e-4, s.lm.name
+
+
+def test_single_model_greedy_matches_transformers_generate(pair):
+    sm = pair[0]
+    prompt = "The capital of France is"
+    tr = greedy(sm, prompt, DecodeConfig(max_new_words=12))
+    ids = sm.tokenizer(prompt, add_special_tokens=False).input_ids
+    out = sm.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                           max_new_tokens=40, do_sample=False)
+    ref = sm.tokenizer.decode(out[0, len(ids):])
+    assert ref.startswith(tr.output) and len(tr.output) > 20
+    assert len(tr.rounds) == tr.words and tr.stop_reason in ("eos", "max_new_words")
+
+
+def test_loader_errors_are_typed(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="bundled name"):
+        load_model("no-such-model")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_model(str(tmp_path))
