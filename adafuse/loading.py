@@ -185,13 +185,27 @@ def _convert_gguf(path: Path, target: Path) -> None:
     tmp.rename(target)
 
 
-def _load_folder(folder: str | Path, device: str, dtype: torch.dtype, trust_remote_code: bool):
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    import socket
+    from urllib.parse import urlparse
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _load_folder(folder: str | Path, device: str, dtype: torch.dtype, trust_remote_code: bool, local_only: bool = False):
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
     meta_path = Path(folder) / _META if Path(folder).is_dir() else None
     meta = json.loads(meta_path.read_text()) if meta_path and meta_path.exists() else {}
     tok_cls = PreTrainedTokenizerFast if meta.get("fast_tokenizer") else AutoTokenizer
-    tokenizer = tok_cls.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=trust_remote_code)
+    kw = {"trust_remote_code": trust_remote_code, "local_files_only": local_only}
+    tokenizer = tok_cls.from_pretrained(folder, **kw)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
     return model.to(device), tokenizer, meta
 
 
@@ -232,7 +246,13 @@ def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | 
         model, tokenizer, meta = _wrap_load(name, lambda: _load_folder(path, device, dtype, trust_remote_code))
     elif _HF_ID.match(name) and "/" in name:
         source = f"huggingface:{name}"
-        model, tokenizer, meta = _wrap_load(name, lambda: _load_folder(name, device, dtype, trust_remote_code))
+        try:  # the local Hugging Face cache first: no network, no retries
+            model, tokenizer, meta = _load_folder(name, device, dtype, trust_remote_code, local_only=True)
+        except OSError:
+            if not _hub_reachable():
+                raise ModelNotFoundError(f"{name!r} is not in the local Hugging Face cache and the Hub cannot be "
+                                         "reached: connect to the internet, or use a bundled model or a local folder")
+            model, tokenizer, meta = _wrap_load(name, lambda: _load_folder(name, device, dtype, trust_remote_code))
     else:
         raise ModelNotFoundError(f"unknown model {name!r}: use a bundled name ({', '.join(BUNDLED)}), a Hugging Face "
                                  "id such as meta-llama/Llama-3.1-8B-Instruct, a local folder or a .gguf file")

@@ -1,0 +1,110 @@
+"""Command line: `python -m adafuse run ...` decodes a prompt and prints the answer and the rounds."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .config import METHODS, DecodeConfig
+from .errors import AdafuseError
+from .loading import BUNDLED, DEFAULT_PAIR
+
+EPILOG = f"Bundled models (offline): {', '.join(BUNDLED)}. Any Hugging Face id, local folder or .gguf file also works."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m adafuse", description="AdaFuse: word-level ensemble decoding.",
+                                epilog=EPILOG)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="decode one prompt with an ensemble", epilog=EPILOG,
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    run.add_argument("--models", nargs="+", default=list(DEFAULT_PAIR), metavar="MODEL",
+                     help="2 to 4 models (one with --method greedy)")
+    src = run.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text ('\\n' is read as a newline)")
+    src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
+    d = DecodeConfig()
+    run.add_argument("--tau", type=float, default=d.tau, help="margin threshold τ_Δ in [0, 1]")
+    run.add_argument("--max-words", type=int, default=d.max_words, help="M: most words a confident model commits")
+    run.add_argument("--branches", type=int, default=d.branches, help="B: candidates an uncertain model explores")
+    run.add_argument("--no-diversity", action="store_true", help="beam search instead of distinct first tokens")
+    run.add_argument("--method", choices=METHODS, default=d.method, help="decoding method")
+    run.add_argument("--span-words", type=int, default=d.span_words, help="n for --method fixed-span")
+    run.add_argument("--mode", choices=("raw", "chat"), default=d.mode,
+                     help="raw prompt for every model, or each model's chat template")
+    run.add_argument("--max-new-words", type=int, default=d.max_new_words, help="stop after this many words")
+    run.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="stop after this many tokens")
+    run.add_argument("--max-word-tokens", type=int, default=d.max_word_tokens, help="a word ends after this many tokens")
+    run.add_argument("--stop", action="append", default=[], help="stop string (repeatable; '\\n' is a newline)")
+    run.add_argument("--compare", action="store_true", help="also run each model alone (greedy)")
+    run.add_argument("--json", type=Path, metavar="PATH", help="write the trace as JSON here")
+    run.add_argument("--device", help="cuda, cuda:1, cpu ... (default: CUDA if present)")
+    run.add_argument("--debug", action="store_true", help="show full stack traces on errors")
+    return p
+
+
+def _unescape(s: str) -> str:
+    return s.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def run(args) -> int:
+    from .decoder import AdaFuse, greedy
+    from .loading import get_model
+    from .report import cost_rows, format_table, round_rows
+    prompt = args.prompt_file.read_text(encoding="utf-8") if args.prompt_file else _unescape(args.prompt)
+    cfg = DecodeConfig(tau=args.tau, max_words=args.max_words, branches=args.branches, diversity=not args.no_diversity,
+                       method=args.method, span_words=args.span_words, mode=args.mode,
+                       max_new_words=args.max_new_words, max_new_tokens=args.max_new_tokens,
+                       max_word_tokens=args.max_word_tokens, stop=tuple(_unescape(s) for s in args.stop))
+    if not prompt.strip():
+        from .errors import PromptError
+        raise PromptError("the prompt is empty: pass --prompt TEXT or --prompt-file PATH with some text")
+    models = []
+    for name in args.models:
+        print(f"loading {name} ...", file=sys.stderr, flush=True)
+        models.append(get_model(name, device=args.device))
+        print(f"  {models[-1].describe()}", file=sys.stderr)
+    fuser = AdaFuse(models, cfg)
+    d = fuser.start(prompt)
+    for r in d:
+        print(f"\r  round {r.index + 1}: {r.words} word(s), {len(d.trace.output.split())} so far", end="",
+              file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    trace = d.trace
+    print(f"=== {cfg.method} ({' + '.join(trace.models)}) ===")
+    print(trace.output.strip())
+    print(f"\n[{len(trace.rounds)} rounds, {trace.words} words, {trace.seconds:.1f}s, stop: {trace.stop_reason}; "
+          f"prompt modes: {', '.join(f'{k}={v}' for k, v in trace.prompt_modes.items())}]\n")
+    print(format_table(round_rows(trace)))
+    print()
+    print(format_table(cost_rows(trace)))
+    if args.compare and len(models) > 1:
+        for lm in models:
+            single = greedy(lm, prompt, cfg)
+            c = single.cost(lm.name)
+            print(f"\n=== {lm.name} alone (greedy) ===\n{single.output.strip()}\n"
+                  f"[{single.words} words, {c['seconds']:.1f}s, {c['forward_passes']} forward passes, "
+                  f"{c['tokens_fed']} tokens fed]")
+    if args.json:
+        trace.save(args.json)
+        print(f"\ntrace written to {args.json}")
+    return 0
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except AdafuseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # never a raw stack trace for a user; --debug shows it
+        if args.debug:
+            raise
+        print(f"unexpected error ({type(exc).__name__}): {exc}\nrerun with --debug for details", file=sys.stderr)
+        return 1
