@@ -73,10 +73,11 @@ class ModelSession:
     # ---- forward passes ----
     @torch.inference_mode()
     def _feed(self, new: list[int]) -> torch.Tensor:
-        """Feed tokens on the live cache; returns (T, V) float32 next-token log-probs."""
+        """Feed tokens on the live cache; returns (1, V) float32 log-probs after the last one."""
         t0 = time.perf_counter()
         input_ids = torch.tensor([new], device=self.lm.device)  # (1, T)
-        out = self.lm.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True)
+        # Only the last position's logits are needed: skipping the rest spares a (T, V) head product.
+        out = self.lm.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         self.cached_ids = self.cached_ids + list(new)
         self.forward_passes += 1
         self.tokens_fed += len(new)

@@ -1,0 +1,112 @@
+"""Benchmark: `python -m adafuse.bench` prints per-method cost on TriviaQA and GSM8K with the bundled pair."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .config import DecodeConfig
+from .decoder import AdaFuse, greedy
+from .loading import DEFAULT_PAIR, get_model
+from .report import format_table
+from .trace import Trace
+
+DATA = Path(os.environ.get("ADAFUSE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def tasks(data: Path, n_trivia: int, n_gsm: int) -> list[tuple[str, str, DecodeConfig]]:
+    out = []
+    head = (data / "triviaqa" / "prompt.txt").read_text()
+    for line in (data / "triviaqa" / "dev.jsonl").read_text().splitlines()[:n_trivia]:
+        q = json.loads(line)["question"]
+        out.append(("triviaqa", f"{head}\n\nQuestion: {q}\nAnswer:", DecodeConfig(stop=("\n",), max_new_words=32)))
+    head = (data / "gsm8k" / "prompt.txt").read_text()
+    for line in (data / "gsm8k" / "test300.jsonl").read_text().splitlines()[:n_gsm]:
+        q = json.loads(line)["question"]
+        out.append(("gsm8k", f"{head}\n\nQuestion: {q}\nLet's think step by step\n",
+                    DecodeConfig(stop=("\n\nQuestion:",), max_new_words=200, max_new_tokens=400)))
+    return out
+
+
+def quarter_ratio(trace: Trace) -> float | None:
+    """Seconds per word over the last quarter of the words / over the first quarter (decode rounds only)."""
+    total = trace.words
+    if total < 8:
+        return None
+    q = total / 4
+    first = last = 0.0
+    w_first = w_last = 0
+    done = 0
+    for r in trace.rounds:
+        mid = done + r.words / 2
+        if mid < q:
+            first, w_first = first + r.seconds, w_first + r.words
+        elif mid >= total - q:
+            last, w_last = last + r.seconds, w_last + r.words
+        done += r.words
+    return (last / w_last) / (first / w_first) if w_first and w_last else None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m adafuse.bench", description=__doc__)
+    p.add_argument("--data", type=Path, default=DATA, help="folder with triviaqa/ and gsm8k/")
+    p.add_argument("--trivia", type=int, default=20)
+    p.add_argument("--gsm8k", type=int, default=5)
+    p.add_argument("--models", nargs=2, default=list(DEFAULT_PAIR))
+    p.add_argument("--out", type=Path, help="write every trace here (JSONL)")
+    args = p.parse_args(argv)
+    models = [get_model(m) for m in args.models]
+    methods = {"AdaFuse B=1": dict(branches=1), "AdaFuse B=3": dict(branches=3)}
+    work = tasks(args.data, args.trivia, args.gsm8k)
+    rows, quarters = [], {}
+    sink = args.out.open("w") if args.out else None
+    for task in ("triviaqa", "gsm8k"):
+        items = [(prompt, cfg) for t, prompt, cfg in work if t == task]
+        if not items:
+            continue
+        stats: dict[str, dict] = {}
+        runs = [(name, lambda pr, c, kw=kw: AdaFuse(models, c, tau=0.7, **kw).generate(pr)) for name, kw in methods.items()]
+        runs += [(f"{lm.name} alone", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
+        for name, fn in runs:
+            st = stats.setdefault(name, {"words": 0, "wall": 0.0, "decode": 0.0, **{m.name: [0, 0] for m in models}})
+            for prompt, cfg in items:
+                t0 = time.perf_counter()
+                tr = fn(prompt, cfg)
+                st["wall"] += time.perf_counter() - t0
+                st["words"] += tr.words
+                st["decode"] += sum(r.seconds for r in tr.rounds)
+                for m in tr.models:
+                    c, pre = tr.cost(m), tr.prefill[m]
+                    st[m][0] += c["forward_passes"] - pre["forward_passes"]
+                    st[m][1] += c["tokens_fed"] - pre["tokens_fed"]
+                if task == "gsm8k" and tr.words >= 100:
+                    quarters.setdefault(name, []).append(quarter_ratio(tr))
+                if sink:
+                    sink.write(json.dumps({"task": task, "method": name, "trace": tr.to_dict()}) + "\n")
+                    sink.flush()
+            print(f"  {task:8s} {name:28s} {st['words']:5d} words {st['wall']:7.1f}s", file=sys.stderr, flush=True)
+        single = sum(stats[f"{m.name} alone"]["decode"] / max(1, stats[f"{m.name} alone"]["words"]) for m in models)
+        for name, st in stats.items():
+            per = st["decode"] / max(1, st["words"])
+            row = {"task": task, "method": name, "words": st["words"], "wall s": round(st["wall"], 1),
+                   "decode s/word": round(per, 3)}
+            for m in models:
+                row[f"fwd {m.name}"], row[f"tok {m.name}"] = st[m.name]
+            row["÷ sum of singles"] = round(per / single, 2)
+            rows.append(row)
+    print(format_table(rows))
+    print("\n'decode' excludes the prompt prefill; 'fwd'/'tok': forward passes / tokens fed per model while decoding;")
+    print("'÷ sum of singles': AdaFuse s/word over (SmolLM2 alone + Gemma alone) s/word.")
+    if quarters:
+        print("\nGSM8K answers of 100+ words, s/word last quarter ÷ first quarter:")
+        for name, vals in quarters.items():
+            vals = [v for v in vals if v is not None]
+            print(f"  {name:28s} " + ", ".join(f"{v:.2f}" for v in vals))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
