@@ -1,0 +1,1 @@
+"""AdaFuse Explorer: the Gradio UI (layout, callbacks) and pure Plotly builders."""
