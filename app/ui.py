@@ -101,7 +101,7 @@ def build_demo() -> gr.Blocks:
                                     placeholder="Type a prompt or pick an example below")
                 with gr.Row():
                     run_btn = gr.Button("▶ Run", variant="primary", elem_id="af-run")
-                    step_btn = gr.Button("⏭ Step", elem_id="af-step")
+                    step_btn = gr.Button("Step ›", elem_id="af-step")
                     cancel_btn = gr.Button("■ Cancel", variant="stop", elem_id="af-cancel")
                     reset_btn = gr.Button("↺ Reset", elem_id="af-reset")
                 choice = gr.Dropdown(choices=[], label="Step mode: candidate to commit next (default: the winner)",
@@ -147,13 +147,13 @@ def build_demo() -> gr.Blocks:
             try:
                 cfg = _settings(*s)
                 d = ex.begin(names, cfg, prompt_text, resume=True)
-                yield (ex, *render(ex, "⏳ decoding…"))
+                yield (ex, *render(ex, "… decoding…"))
                 while not d.done:
                     r = d.step()
-                    yield (ex, *render(ex, f"⏳ round {r.index + 1} · {d.trace.words} words"))
+                    yield (ex, *render(ex, f"… round {r.index + 1} · {d.trace.words} words"))
                 if want_singles:
                     for name in ex.run_singles(names, cfg, prompt_text):
-                        yield (ex, *render(ex, f"⏳ {name} alone done"))
+                        yield (ex, *render(ex, f"… {name} alone done"))
                 yield (ex, *render(ex, f"✓ done: {d.trace.words} words in {len(d.trace.rounds)} rounds "
                                        f"({d.trace.seconds:.1f}s), stop: {d.trace.stop_reason}"))
             except Exception as exc:  # noqa: BLE001
@@ -175,7 +175,7 @@ def build_demo() -> gr.Blocks:
                     note += f"; round {p.index} decided — pick a candidate or press Step to accept the winner"
                 else:
                     note += f"; finished ({d.trace.stop_reason})"
-                return (ex, *render(ex, f"⏭ {note}"))
+                return (ex, *render(ex, f"› {note}"))
             except Exception as exc:  # noqa: BLE001
                 return (ex, *_error(ex, exc))
 
