@@ -1,0 +1,71 @@
+"""Plot builders and formatting from hand-built traces (no models, no Gradio)."""
+import plotly.graph_objects as go
+
+from adafuse.report import format_table, round_rows
+from adafuse.trace import Candidate, ModelStep, Round, Trace
+from app import plots
+
+
+def trace() -> Trace:
+    r0 = Round(0, [ModelStep("a", "commit", [0.9, 0.8], [0], 3, 4, 0.1), ModelStep("b", "commit", [0.75], [0], 1, 1, 0.1)],
+               [Candidate(" The sky", False, ["a", "b"], {}, {}, None, 2)], 0, 0, " The sky", 2, 0.2)
+    r1 = Round(1, [ModelStep("a", "commit", [0.95], [0], 1, 1, 0.1), ModelStep("b", "explore", [0.2], [1, 2], 2, 6, 0.3)],
+               [Candidate(" is", False, ["a"], {"a": 0.1, "b": 0.5}, {"a": 1, "b": 1}, 0.3, 1),
+                Candidate(" was", False, ["b"], {"a": 2.0, "b": 0.4}, {"a": 1, "b": 1}, 1.2, 1),
+                Candidate(" blue.\n", True, ["b"], {"a": 3.0, "b": 1.0}, {"a": 2, "b": 3}, 2.0, 1)],
+               chosen=1, winner=0, text=" was", words=1, seconds=0.4, overridden=True)
+    return Trace("Q", ["a", "b"], {"tau": 0.7, "max_words": 3}, {"a": "raw", "b": "raw"}, [r0, r1], " The sky was",
+                 prefill={"a": {"prompt_tokens": 5, "forward_passes": 1, "tokens_fed": 5, "seconds": 0.05}})
+
+
+def test_margins_figure_has_one_line_per_model_and_the_tau_line():
+    fig = plots.margins_figure(trace())
+    assert isinstance(fig, go.Figure) and [t.name for t in fig.data] == ["a", "b"]
+    assert list(fig.data[1].y) == [0.75, 0.2] and fig.data[1].marker.symbol == ("circle", "x")
+    assert fig.layout.xaxis.title.text == "round" and fig.layout.yaxis.title.text == "Δ"
+    assert any(s.y0 == 0.7 for s in fig.layout.shapes)
+
+
+def test_pool_figure_bars_per_model_fused_markers_and_winner():
+    fig = plots.pool_figure(trace(), 1)
+    names = [t.name for t in fig.data]
+    assert names == ["NLL a", "NLL b", "fused (mean)"]
+    assert list(fig.data[2].y) == [0.3, 1.2, 2.0]
+    texts = [a.text for a in fig.layout.annotations]
+    assert "★ winner" in texts and "✎ your pick" in texts
+    winner = next(a for a in fig.layout.annotations if a.text == "★ winner")
+    assert winner.x.startswith("0:")
+    assert fig.layout.yaxis.title.text.startswith("NLL")
+    assert "blue.⏎ ∎" in fig.data[0].x[2]  # newline made visible, end marker shown
+
+
+def test_words_per_round_shares():
+    fig = plots.words_per_round_figure(trace())
+    assert list(fig.data[0].x) == ["1", "2", "3"] and list(fig.data[0].y) == [50.0, 50.0, 0.0]
+
+
+def test_empty_views_do_not_crash():
+    for fig in (plots.margins_figure(None), plots.pool_figure(None), plots.words_per_round_figure(None),
+                plots.cost_figure(None)):
+        assert isinstance(fig, go.Figure) and len(fig.data) == 0
+    assert "No output yet" in plots.fused_html(None)
+    assert plots.rounds_frame(None).empty
+
+
+def test_fused_html_marks_kinds_and_escapes():
+    t = trace()
+    t.rounds[0].text = " <b>The"
+    out = plots.fused_html(t)
+    assert "&lt;b&gt;" in out and "<b>The" not in out
+    assert plots.KIND_COLORS["commit"] in out and plots.KIND_COLORS["override"] in out
+    assert 'title="round 1' in out
+
+
+def test_round_table_and_cost():
+    rows = round_rows(trace())
+    assert [r["kind"] for r in rows] == ["commit", "override"]
+    assert rows[0]["mode a"] == "commit×2" and rows[1]["pool"] == 3 and rows[1]["chosen"] == " was"
+    assert "fused NLL" in format_table(rows)
+    assert trace().cost("a") == {"forward_passes": 5, "tokens_fed": 10, "seconds": 0.25}
+    frame = plots.cost_frame(trace(), {"a": trace()})
+    assert list(frame["run"]) == ["ensemble", "ensemble", "alone", "alone"]
