@@ -36,7 +36,8 @@ class Decoding:
         self.trace = Trace(
             prompt=prompt, models=self.names, settings=config.to_dict(),
             prompt_modes={n: s.mode_used for n, s in zip(self.names, self.sessions)},
-            prefill={n: {"prompt_tokens": s.prompt_tokens, "forward_passes": s.forward_passes,
+            prefill={n: {"prompt_tokens": s.prompt_tokens, "reused_tokens": s.prefix_reused,
+                         "forward_passes": s.forward_passes,
                          "tokens_fed": s.tokens_fed, "seconds": s.seconds} for n, s in zip(self.names, self.sessions)},
             devices={n: str(lm.device) for n, lm in zip(self.names, self.models)},
             seconds=time.perf_counter() - t0,

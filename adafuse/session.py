@@ -1,7 +1,9 @@
 """One model's view of a decode: rendered prompt, committed text, token ids and KV cache."""
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 
 import torch
 from transformers import DynamicCache
@@ -12,6 +14,46 @@ from .words import common_prefix
 
 # Largest logits block (rows × positions × vocab floats) computed in one forward while scoring.
 MAX_LOGIT_FLOATS = 48_000_000
+
+
+def copy_cache(cache: DynamicCache, length: int, rows: int = 1) -> DynamicCache:
+    """A new cache holding the first `length` positions of row 0 of `cache`, repeated `rows` times."""
+    data = []
+    for layer in cache.layers:
+        k = layer.keys[:1, :, :length]  # (1, H, length, D)
+        v = layer.values[:1, :, :length]
+        data.append((k.expand(rows, -1, -1, -1).contiguous(), v.expand(rows, -1, -1, -1).contiguous()))
+    return DynamicCache(ddp_cache_data=data)
+
+
+class PrefixStore:
+    """The KV caches of the last few prompts per model: a new prompt sharing a long prefix with one of them (the
+    same few-shot examples, the same chat preamble) starts from a copy instead of re-encoding it."""
+
+    def __init__(self, per_model: int = 2, min_tokens: int = 16):
+        self.per_model, self.min_tokens = per_model, min_tokens
+        self.entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # LoadedModel -> [(ids, cache)]
+        self.lock = threading.Lock()
+
+    def lookup(self, lm: LoadedModel, ids: list[int]) -> tuple[DynamicCache, int]:
+        with self.lock:
+            best, best_len = None, 0
+            for old_ids, cache in self.entries.get(lm, []):
+                n = min(common_prefix(old_ids, ids), len(ids) - 1)  # feed at least one token for the logits
+                if n > best_len:
+                    best, best_len = cache, n
+            if best is None or best_len < self.min_tokens:
+                return DynamicCache(), 0
+            return copy_cache(best, best_len), best_len
+
+    def store(self, lm: LoadedModel, ids: list[int], cache: DynamicCache) -> None:
+        with self.lock:
+            entries = [e for e in self.entries.get(lm, []) if e[0] != ids]
+            entries.insert(0, (list(ids), copy_cache(cache, len(ids))))
+            self.entries[lm] = entries[: self.per_model]
+
+
+PREFIXES = PrefixStore()
 
 
 def render_prompt(lm: LoadedModel, prompt: str, mode: str) -> tuple[str, str]:
@@ -49,10 +91,13 @@ class ModelSession:
             raise PromptError(f"the prompt is {self.prompt_tokens} tokens for {lm.name}, whose context holds "
                               f"{lm.max_positions}: shorten it (fewer few-shot examples)")
         self.end_index = torch.tensor(sorted(lm.end_ids), dtype=torch.long, device=lm.device)  # (E,)
-        self.cache = DynamicCache()  # full layers only: sliding-window layers could not be cropped
-        self.cached_ids: list[int] = []
-        self.end_logprobs = self._feed(self.ids)[-1]
+        # full layers only: sliding-window layers could not be cropped
+        self.cache, reused = PREFIXES.lookup(lm, self.ids)
+        self.cached_ids = self.ids[:reused]
+        self.end_logprobs = self._feed(self.ids[reused:])[-1]
         self.next_logprobs = self.end_logprobs
+        self.prefix_reused = reused
+        PREFIXES.store(lm, self.ids, self.cache)
 
     # ---- tokenization ----
     def encode(self, y: str) -> list[int]:
@@ -147,12 +192,7 @@ class ModelSession:
 
     def expanded_cache(self, start: int, n: int) -> DynamicCache:
         """A new cache holding ids[:start] repeated `n` times along the batch (the live cache is untouched)."""
-        data = []
-        for layer in self.cache.layers:
-            k = layer.keys[:1, :, :start]  # (1, H, start, D)
-            v = layer.values[:1, :, :start]
-            data.append((k.expand(n, -1, -1, -1).contiguous(), v.expand(n, -1, -1, -1).contiguous()))
-        return DynamicCache(ddp_cache_data=data)
+        return copy_cache(self.cache, start, n)
 
     def stats(self) -> tuple[int, int, float]:
         return self.forward_passes, self.tokens_fed, self.seconds

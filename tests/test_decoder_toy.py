@@ -1,5 +1,6 @@
 """The algorithm on toy LMs whose right answers are computed by hand here."""
 import pytest
+import torch
 
 from adafuse import AdaFuse, ConfigError, DecodeConfig, PromptError, Trace
 from adafuse.scoring import score_candidates
@@ -166,3 +167,15 @@ def test_bad_input_is_typed():
         AdaFuse(pair(), DecodeConfig(method="greedy"))
     with pytest.raises(PromptError):
         AdaFuse([toy_model("s", V, {}, max_positions=4), pair()[1]], DecodeConfig()).generate("Q Paris Paris Paris")
+
+
+def test_a_shared_prompt_prefix_is_reused_not_reencoded():
+    a, _ = pair()
+    head = "Q Paris is nice." * 5
+    first = ModelSession(a, head + " Paris")
+    second = ModelSession(a, head + " London")
+    assert first.prefix_reused == 0 and second.prefix_reused == len(a.tokenizer(head).input_ids)
+    fresh = ModelSession(toy_model("a", V, A_RULES), head + " London")  # another model object: no reuse
+    assert fresh.prefix_reused == 0
+    assert torch.allclose(second.next_logprobs, fresh.next_logprobs)
+    assert second.tokens_fed == len(second.ids) - second.prefix_reused
