@@ -142,6 +142,7 @@ def explore(s: ModelSession, branches: int, top_k: int, max_word_tokens: int) ->
                 keep.append(i)
             elif status == BOUNDARY:
                 done.append(Proposal(piece, False, toks, lps, 1))
+                s.remember(toks, cache, i, len(s.ids), logp[i])
             elif status == END:
                 done.append(Proposal(piece, True, toks + [t], lps + [end_logprob(s, logp[i])], 1))
             else:

@@ -45,9 +45,12 @@ def score_candidates(s: ModelSession, cands: list[tuple[str, bool]], own: dict[i
     if todo:
         base = min(starts[i] for i in todo)
         ctx = base if base == n_ids else base - 1  # cached positions we feed on top of
-        rows = {i: seqs[i][ctx:-1] for i in todo}
+        # Where the candidate may be committed next (no end marker, scored from the end of ids), feed its last
+        # token too: one more position gives the KV and next-token distribution a commit would compute.
+        full = {i: ctx == n_ids and seqs[i][-1] != END for i in todo}
+        rows = {i: seqs[i][ctx:] if full[i] else seqs[i][ctx:-1] for i in todo}
         fed = [i for i in todo if rows[i]]
-        out = dict(zip(fed, s.batch_forward(ctx, [rows[i] for i in fed])))
+        out = dict(zip(fed, s.batch_forward(ctx, [rows[i] for i in fed], [full[i] for i in fed])))
         for i in todo:
             # dist[j] = distribution over seqs[i][first + j]
             dists = ([s.next_logprobs] if ctx == base else []) + (list(out[i]) if i in out else [])

@@ -97,6 +97,8 @@ class ModelSession:
         self.end_logprobs = self._feed(self.ids[reused:])[-1]
         self.next_logprobs = self.end_logprobs
         self.prefix_reused = reused
+        # token tuples after `ids` whose KV (new positions only) and next-token log-probs a batch already computed
+        self.adoptable: dict[tuple[int, ...], tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]] = {}
         PREFIXES.store(lm, self.ids, self.cache)
 
     # ---- tokenization ----
@@ -145,8 +147,16 @@ class ModelSession:
         """Set the committed text to `y`: reuse the cache up to the common token prefix, feed the rest."""
         new = self.encode(y)
         lcp = common_prefix(self.cached_ids, new)
+        tail = tuple(new[len(self.ids):]) if new[: len(self.ids)] == self.ids else None
         if lcp == len(new) == len(self.cached_ids):
             self.next_logprobs = self.end_logprobs  # our own speculative tokens were exactly this text
+        elif tail in self.adoptable:  # a batch row already holds this text: append its KV, no forward
+            kv, logprobs = self.adoptable[tail]
+            self.rewind()
+            for layer, (k, v) in enumerate(kv):
+                self.cache.update(k, v, layer)
+            self.cached_ids = self.ids + list(tail)
+            self.end_logprobs = self.next_logprobs = logprobs
         else:
             keep = min(lcp, len(new) - 1)
             self.cache.crop(keep)
@@ -155,11 +165,22 @@ class ModelSession:
             self.next_logprobs = self.end_logprobs
         self.ids = new
         self.text = y
+        self.adoptable = {}
+
+    def remember(self, tokens: list[int], cache: DynamicCache, row: int, start: int, logprobs: torch.Tensor) -> None:
+        """Keep the KV of `tokens` (fed after ids[:start] in `row` of a side cache) for a later commit."""
+        if start != len(self.ids):
+            return
+        end = start + len(tokens)
+        self.adoptable[tuple(tokens)] = ([(layer.keys[row: row + 1, :, start:end].clone(),
+                                           layer.values[row: row + 1, :, start:end].clone())
+                                          for layer in cache.layers], logprobs)
 
     @torch.inference_mode()
-    def batch_forward(self, start: int, rows: list[list[int]]) -> list[torch.Tensor]:
+    def batch_forward(self, start: int, rows: list[list[int]], remember: list[bool] | None = None) -> list[torch.Tensor]:
         """Feed `rows` (ragged) in one batch on top of the committed prefix ids[:start], without touching
-        the live cache. Returns per row a (len(row), V) tensor of next-token log-probs."""
+        the live cache. Returns per row a (len(row), V) tensor of next-token log-probs. Rows flagged in
+        `remember` are kept for `commit` (see `remember`)."""
         if not rows:
             return []
         assert 0 < start <= len(self.ids) and all(rows)
@@ -167,16 +188,20 @@ class ModelSession:
         longest = max(len(r) for r in rows)
         chunk = max(1, MAX_LOGIT_FLOATS // (longest * vocab))
         out: list[torch.Tensor] = []
+        flags = remember or [False] * len(rows)
         for lo in range(0, len(rows), chunk):
-            part = rows[lo: lo + chunk]
-            out.extend(self._batch_chunk(start, part))
+            out.extend(self._batch_chunk(start, rows[lo: lo + chunk], flags[lo: lo + chunk]))
         return out
 
-    def _batch_chunk(self, start: int, rows: list[list[int]]) -> list[torch.Tensor]:
+    def _batch_chunk(self, start: int, rows: list[list[int]], flags: list[bool]) -> list[torch.Tensor]:
         n, width = len(rows), max(len(r) for r in rows)
         pad = rows[0][0]
+        cache = self.expanded_cache(start, n)
         # Right padding: causal attention keeps every real position blind to the pads after it.
-        logp = self.run(self.expanded_cache(start, n), [r + [pad] * (width - len(r)) for r in rows])  # (N, T, V)
+        logp = self.run(cache, [r + [pad] * (width - len(r)) for r in rows])  # (N, T, V)
+        for i, r in enumerate(rows):
+            if flags[i]:
+                self.remember(r, cache, i, start, logp[i, len(r) - 1])
         return [logp[i, : len(r)] for i, r in enumerate(rows)]
 
     @torch.inference_mode()

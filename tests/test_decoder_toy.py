@@ -179,3 +179,14 @@ def test_a_shared_prompt_prefix_is_reused_not_reencoded():
     assert fresh.prefix_reused == 0
     assert torch.allclose(second.next_logprobs, fresh.next_logprobs)
     assert second.tokens_fed == len(second.ids) - second.prefix_reused
+
+
+def test_commit_adopts_kv_already_computed_instead_of_feeding_again():
+    d, r = first_round(DecodeConfig(tau=0.7, branches=3))
+    loser = next(i for i, c in enumerate(r.candidates) if c.proposers == ["b"] and c.text == " London")
+    before = [s.forward_passes for s in d.sessions]
+    d.commit(loser)  # b explored " London" (kept from its branch); a scored it with its last token fed
+    assert [s.forward_passes for s in d.sessions] == before
+    for s, rules in zip(d.sessions, (A_RULES, B_RULES)):
+        fresh = ModelSession(toy_model("x", V, rules), "Q" + d.trace.output)
+        assert s.ids == fresh.ids and torch.allclose(s.next_logprobs, fresh.next_logprobs)
