@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import ConfigError
 
-METHODS = ("adafuse", "greedy", "beam", "fixed-span")
+METHODS = ("adafuse", "greedy", "beam", "fixed-span", "token-union", "mixture")
 MODES = ("raw", "chat")
 
 
@@ -30,7 +30,9 @@ class DecodeConfig:
     stop: tuple[str, ...] = ()
     # "raw": the prompt text as is; "chat": each model's own chat template (raw if it has none)
     mode: str = "raw"
-    # "adafuse" | "beam" (= adafuse, diversity off) | "fixed-span" (every model proposes n words) | "greedy"
+    # "adafuse" | "beam" (= adafuse, diversity off) | "fixed-span" (every model proposes n words) | "greedy" (one
+    # model) | "token-union" (UniTE-style: union of top-k next tokens by text, averaged probabilities) | "mixture"
+    # (each word written by one model drawn at random)
     method: str = "adafuse"
     # n for method "fixed-span"
     span_words: int = 1
@@ -38,6 +40,12 @@ class DecodeConfig:
     score_single: bool = False
     # how many top tokens exploration looks through for B distinct first tokens
     explore_top_k: int = 64
+    # k for method "token-union": each model's top-k next tokens enter the union
+    union_top_k: int = 5
+    # random seed for method "mixture" (models are drawn with equal weight unless `weights` is given)
+    seed: int = 0
+    # per-model weights for method "mixture" (empty: equal)
+    weights: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         def bad(name: str, value, fix: str) -> ConfigError:
@@ -47,7 +55,8 @@ class DecodeConfig:
             raise bad("tau", self.tau, "use a margin threshold between 0 and 1 (default 0.7)")
         for name, low, high in (("max_words", 1, 64), ("branches", 1, 32), ("max_new_words", 1, 100_000),
                                 ("max_new_tokens", 1, 1_000_000), ("max_word_tokens", 1, 256),
-                                ("span_words", 1, 64), ("explore_top_k", 1, 10_000)):
+                                ("span_words", 1, 64), ("explore_top_k", 1, 10_000), ("union_top_k", 1, 1000),
+                                ("seed", 0, 2**31 - 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise bad(name, value, f"use a whole number from {low} to {high}")
@@ -59,17 +68,23 @@ class DecodeConfig:
         if any(not isinstance(s, str) or s == "" for s in stop):
             raise bad("stop", self.stop, "stop strings must be non-empty strings")
         object.__setattr__(self, "stop", stop)
+        weights = tuple(float(w) for w in self.weights)
+        if any(not w >= 0 for w in weights) or (weights and sum(weights) <= 0):
+            raise bad("weights", self.weights, "use non-negative numbers, at least one positive")
+        object.__setattr__(self, "weights", weights)
         if self.explore_top_k < self.branches:
             object.__setattr__(self, "explore_top_k", self.branches)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["stop"] = list(self.stop)
+        d["weights"] = list(self.weights)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "DecodeConfig":
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        if "stop" in known:
-            known["stop"] = tuple(known["stop"])
+        for key in ("stop", "weights"):
+            if key in known:
+                known[key] = tuple(known[key])
         return cls(**known)

@@ -1,11 +1,15 @@
 """The round loop: sessions -> proposals -> pool -> scores -> choice -> trace."""
 from __future__ import annotations
 
+import math
+import random
 import time
 from dataclasses import replace
 from typing import Iterator, Sequence
 
-from .candidates import Proposal, beam, explore, greedy_span, margin
+import torch
+
+from .candidates import Proposal, beam, end_logprob, explore, greedy_span, margin
 from .config import DecodeConfig
 from .errors import ConfigError, PromptError
 from .loading import LoadedModel, get_model
@@ -44,6 +48,9 @@ class Decoding:
         )
         self.pending: Round | None = None
         self.done = False
+        self.rng = random.Random(config.seed)
+        if config.weights and len(config.weights) != len(self.models):
+            raise ConfigError(f"weights has {len(config.weights)} values for {len(self.models)} models: give one per model")
 
     # ---- one round ----
     def propose(self) -> Round:
@@ -55,6 +62,11 @@ class Decoding:
         cfg = self.config
         t0 = time.perf_counter()
         before = [s.stats() for s in self.sessions]
+        if cfg.method == "token-union":
+            return self._finish(self._token_union(), before, t0)
+        writer = None
+        if cfg.method == "mixture":
+            writer = self.rng.choices(range(len(self.sessions)), weights=cfg.weights or None)[0]
         budget = max(1, cfg.max_new_words - self.trace.words)
         keys: dict[tuple[str, bool], int] = {}
         words: list[int] = []
@@ -62,6 +74,9 @@ class Decoding:
         own: list[dict[int, Proposal]] = [{} for _ in self.sessions]
         steps = []
         for m, (name, s) in enumerate(zip(self.names, self.sessions)):
+            if writer is not None and m != writer:
+                steps.append(ModelStep(model=name, mode="idle", margins=[], proposals=[]))
+                continue
             proposals, mode, margins = self._propose_one(s, budget)
             indices = []
             for p in proposals:
@@ -90,16 +105,58 @@ class Decoding:
                 for i, sc in enumerate(score_candidates(s, cands, own[m])):
                     nll[i][name], ntok[i][name], strad[i][name] = sc.nll, sc.n_tokens, sc.straddle
         fused = [sum(d.values()) / len(d) if d else None for d in nll]
-        winner = min(range(len(cands)), key=lambda i: (fused[i] if fused[i] is not None else 0.0, i))
+        candidates = [Candidate(text=t, eos=e, proposers=proposers[i], nll=nll[i], n_tokens=ntok[i], fused=fused[i],
+                                words=words[i], straddle=strad[i]) for i, (t, e) in enumerate(cands)]
+        return self._finish((steps, candidates), before, t0)
+
+    def _finish(self, decided: tuple[list[ModelStep], list[Candidate]], before, t0: float) -> Round:
+        """Pick the winner (argmin fused score, ties to the first) and hold the round as pending."""
+        steps, candidates = decided
+        winner = min(range(len(candidates)),
+                     key=lambda i: (candidates[i].fused if candidates[i].fused is not None else 0.0, i))
         for step, s, b in zip(steps, self.sessions, before):
             f, t, sec = s.stats()
             step.forward_passes, step.tokens_fed, step.seconds = f - b[0], t - b[1], sec - b[2]
-        candidates = [Candidate(text=t, eos=e, proposers=proposers[i], nll=nll[i], n_tokens=ntok[i], fused=fused[i],
-                                words=words[i], straddle=strad[i]) for i, (t, e) in enumerate(cands)]
         self.pending = Round(index=len(self.trace.rounds), steps=steps, candidates=candidates, chosen=winner,
                              winner=winner, text=candidates[winner].text, words=candidates[winner].words,
                              seconds=time.perf_counter() - t0)
         return self.pending
+
+    def _token_union(self) -> tuple[list[ModelStep], list[Candidate]]:
+        """UniTE-style step: the union (by decoded text) of every model's top-k next tokens, each scored by the
+        probability every model gives that text as one token (0 if it cannot), averaged over models."""
+        k = self.config.union_top_k
+        texts: dict[tuple[str, bool], list[str]] = {}
+        steps = []
+        for name, s in zip(self.names, self.sessions):
+            s.rewind()
+            mine = []
+            for t in torch.topk(s.next_logprobs, k).indices.tolist():
+                key = ("", True) if t in s.lm.end_ids else (s.decode_after(s.ids, [t]), False)
+                if key[0] == "" and not key[1]:
+                    continue
+                proposers = texts.setdefault(key, [])
+                if name not in proposers:
+                    proposers.append(name)
+                mine.append(list(texts).index(key))
+            steps.append(ModelStep(model=name, mode="token", margins=[margin(s.next_logprobs)], proposals=mine))
+        candidates = []
+        for (text, eos), proposers in texts.items():
+            probs = {name: self._token_prob(s, text, eos) for name, s in zip(self.names, self.sessions)}
+            mean = sum(probs.values()) / len(probs)
+            candidates.append(Candidate(text=text, eos=eos, proposers=proposers,
+                                        nll={n: -math.log(max(p, 1e-30)) for n, p in probs.items()},
+                                        n_tokens={n: 1 if p > 0 else 0 for n, p in probs.items()},
+                                        fused=-math.log(max(mean, 1e-30)), words=count_words(text)))
+        return steps, candidates
+
+    @staticmethod
+    def _token_prob(s: ModelSession, text: str, eos: bool) -> float:
+        if eos:
+            return math.exp(end_logprob(s, s.next_logprobs))
+        new = s.encode(s.text + text)
+        tail = new[len(s.ids):] if new[: len(s.ids)] == s.ids else []
+        return math.exp(float(s.next_logprobs[tail[0]])) if len(tail) == 1 else 0.0
 
     def _propose_one(self, s: ModelSession, budget: int) -> tuple[list[Proposal], str, list[float]]:
         cfg = self.config
@@ -138,7 +195,10 @@ class Decoding:
         elif cand.text == "":
             stop = "no progress"
         r.text = new[len(old):]
-        r.words = cand.words if r.text == cand.text else min(cand.words, count_words(r.text))
+        if cfg.method == "token-union":  # tokens, not words: count the words the token completes or starts
+            r.words = count_words(new) - count_words(old)
+        else:
+            r.words = cand.words if r.text == cand.text else min(cand.words, count_words(r.text))
         if stop is None and self.trace.words + r.words >= cfg.max_new_words:
             stop = "max_new_words"
         if stop is None:
@@ -201,7 +261,7 @@ class AdaFuse:
         count = len(models)
         if config.method == "greedy" and count != 1:
             raise ConfigError(f"method 'greedy' runs exactly one model, got {count}: pass one model")
-        if config.method != "greedy" and not 2 <= count <= MAX_MODELS:
+        if config.method not in ("greedy",) and not 2 <= count <= MAX_MODELS:
             raise ConfigError(f"an ensemble needs 2 to {MAX_MODELS} models, got {count}: "
                               "add models, or use method='greedy' for a single model")
         self.models = [get_model(m) if isinstance(m, str) else m for m in models]

@@ -54,7 +54,7 @@ class Round:
         """"override", "commit" (every model confident) or "explore" (someone explored)."""
         if self.overridden:
             return "override"
-        return "commit" if all(s.mode in ("commit", "greedy", "span") for s in self.steps) else "explore"
+        return "commit" if all(s.mode in ("commit", "greedy", "span", "idle") for s in self.steps) else "explore"
 
 
 @dataclass

@@ -190,3 +190,34 @@ def test_commit_adopts_kv_already_computed_instead_of_feeding_again():
     for s, rules in zip(d.sessions, (A_RULES, B_RULES)):
         fresh = ModelSession(toy_model("x", V, rules), "Q" + d.trace.output)
         assert s.ids == fresh.ids and torch.allclose(s.next_logprobs, fresh.next_logprobs)
+
+
+def test_token_union_averages_each_models_probability_of_the_text():
+    a = {"Q": {" Paris": 0.7, " London": 0.2}}
+    b = {"Q": {" London": 0.5, " Paris": 0.3}}
+    _, r = first_round(DecodeConfig(method="token-union", union_top_k=2), pair(a=a, b=b))
+    c = {x.text: x for x in r.candidates}
+    assert set(c) == {" Paris", " London"} and r.steps[0].mode == "token"
+    assert c[" Paris"].fused == pytest.approx(nll((0.7 + 0.3) / 2), abs=1e-5)
+    assert c[" London"].fused == pytest.approx(nll((0.2 + 0.5) / 2), abs=1e-5)
+    assert c[" London"].nll["b"] == pytest.approx(nll(0.5), abs=1e-5)
+    assert r.candidates[r.winner].text == " Paris"
+
+
+def test_mixture_lets_one_seeded_model_write_each_word():
+    tr = AdaFuse(pair(), DecodeConfig(method="mixture", seed=3, max_new_words=6)).generate("Q")
+    for r in tr.rounds:
+        writers = [s.model for s in r.steps if s.mode != "idle"]
+        assert len(writers) == 1 and r.candidates[r.chosen].proposers == writers
+    again = AdaFuse(pair(), DecodeConfig(method="mixture", seed=3, max_new_words=6)).generate("Q")
+    assert [r.text for r in again.rounds] == [r.text for r in tr.rounds]
+    only_a = AdaFuse(pair(), DecodeConfig(method="mixture", weights=(1, 0))).generate("Q")
+    assert all(r.steps[1].mode == "idle" for r in only_a.rounds) and only_a.output == " Paris is nice."
+    with pytest.raises(ConfigError):
+        AdaFuse(pair(), DecodeConfig(method="mixture", weights=(1, 0, 1))).generate("Q")
+
+
+def test_fixed_span_commits_n_words_from_every_model():
+    _, r = first_round(DecodeConfig(method="fixed-span", span_words=2))
+    assert [s.mode for s in r.steps] == ["span", "span"]
+    assert {c.text for c in r.candidates} == {" Paris is", " London is"}
