@@ -41,7 +41,42 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", type=Path, metavar="PATH", help="write the trace as JSON here")
     run.add_argument("--device", help="cuda, cuda:1, cpu ... (default: CUDA if present)")
     run.add_argument("--debug", action="store_true", help="show full stack traces on errors")
+
+    from .tasks import DEFAULT_DATA, TASKS
+    ev = sub.add_parser("eval", help="evaluate methods on a benchmark task", epilog=EPILOG,
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ev.add_argument("--task", required=True, choices=list(TASKS), help="benchmark task")
+    ev.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding nq/, triviaqa/, squad/, gsm8k/, flores/")
+    ev.add_argument("--limit", type=int, default=20, help="first N examples of the file")
+    ev.add_argument("--methods", nargs="+", default=["adafuse", "greedy"], metavar="METHOD",
+                    help="adafuse, beam, token-union, mixture, fixed-span-N, greedy (each model alone), greedy:MODEL; "
+                         "settings in brackets: adafuse[branches=5,tau=0.5,diversity=false]")
+    ev.add_argument("--models", nargs="+", default=list(DEFAULT_PAIR), metavar="MODEL", help="ensemble members")
+    ev.add_argument("--tau", type=float, help="τ_Δ for every method (default 0.7)")
+    ev.add_argument("--max-words", type=int, help="M for every method (default 3)")
+    ev.add_argument("--branches", type=int, help="B for every method (default 3)")
+    ev.add_argument("--out", type=Path, default=Path("results"), help="folder for <task>.jsonl, summary.md, summary.csv")
+    ev.add_argument("--on-bad-line", choices=("skip", "stop"), default="skip", help="what a bad data line does")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.add_argument("--debug", action="store_true", help="show full stack traces on errors")
     return p
+
+
+def run_eval(args) -> int:
+    from .evaluate import evaluate, parse_methods, write_summary
+    from .tasks import TASKS
+    if args.limit is not None and args.limit < 1:
+        from .errors import ConfigError
+        raise ConfigError(f"--limit {args.limit} is invalid: use 1 or more")
+    base = {k: v for k, v in (("tau", args.tau), ("max_words", args.max_words), ("branches", args.branches))
+            if v is not None}
+    DecodeConfig(**base)  # validate before loading anything
+    runs = parse_methods(args.methods, args.models)
+    out = evaluate(TASKS[args.task], runs, args.out, args.data, args.limit, base, args.on_bad_line,
+                   progress=not args.no_progress)
+    md, csv_path = write_summary(args.out)
+    print(f"\nper-example results: {out}\nsummary: {md}, {csv_path}")
+    return 0
 
 
 def _unescape(s: str) -> str:
@@ -96,7 +131,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     args = build_parser().parse_args(argv)
     try:
-        return run(args)
+        return run_eval(args) if args.command == "eval" else run(args)
     except AdafuseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,201 @@
+"""Evaluation harness: run methods over a task's JSONL, write one line per example and method, summarize."""
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import DecodeConfig
+from .decoder import AdaFuse
+from .errors import ConfigError
+from .loading import get_model
+from .metrics import corpus_scores
+from .tasks import DEFAULT_DATA, TASKS, Task, read_examples
+
+BASE_METHODS = ("adafuse", "beam", "token-union", "mixture", "greedy", "fixed-span-1", "fixed-span-2", "fixed-span-3")
+_SPEC = re.compile(r"^(?P<name>[a-z\-]+(?:-\d+)?)(?::(?P<model>[^\[]+))?(?:\[(?P<args>[^\]]*)\])?$")
+
+
+@dataclass
+class MethodRun:
+    label: str                      # how it appears in results, e.g. "adafuse[branches=5]" or "greedy:gemma3-270m"
+    models: list[str]
+    settings: dict = field(default_factory=dict)
+
+
+def _value(raw: str):
+    low = raw.strip().lower()
+    if low in ("true", "on", "yes"):
+        return True
+    if low in ("false", "off", "no"):
+        return False
+    try:
+        return int(low)
+    except ValueError:
+        try:
+            return float(low)
+        except ValueError:
+            return raw.strip()
+
+
+def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
+    """Method specs: adafuse, beam, token-union, mixture, fixed-span-N, greedy (each model alone), greedy:MODEL,
+    any of them with settings in brackets: adafuse[branches=5,tau=0.5,diversity=false]."""
+    runs = []
+    for spec in specs:
+        m = _SPEC.match(spec.strip())
+        name = m and m.group("name")
+        span = re.fullmatch(r"fixed-span-(\d+)", name or "")
+        base = "fixed-span" if span else name
+        if not m or base not in ("adafuse", "beam", "token-union", "mixture", "greedy", "fixed-span"):
+            raise ConfigError(f"unknown method {spec!r}: use one of {', '.join(BASE_METHODS)}, optionally with "
+                              "settings such as adafuse[branches=5,tau=0.5]")
+        settings = {"method": base}
+        if base == "fixed-span":
+            settings["span_words"] = int(span.group(1))
+        for part in filter(None, (m.group("args") or "").split(",")):
+            key, _, raw = part.partition("=")
+            if key.strip() not in DecodeConfig.__dataclass_fields__:
+                raise ConfigError(f"unknown setting {key.strip()!r} in {spec!r}")
+            settings[key.strip()] = _value(raw)
+        if base == "greedy":
+            targets = [m.group("model")] if m.group("model") else models
+            runs += [MethodRun(f"greedy:{t}", [t], settings) for t in targets]
+        else:
+            runs.append(MethodRun(spec.strip(), list(models), settings))
+    return runs
+
+
+def done_keys(path: Path) -> set[tuple[int, str]]:
+    keys = set()
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+                keys.add((row["line"], row["method"]))
+            except (ValueError, KeyError):
+                continue  # a line cut by an interrupted run: it is redone
+    return keys
+
+
+def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = DEFAULT_DATA, limit: int | None = None,
+             base: dict | None = None, on_bad_line: str = "skip", progress: bool = True, warn=None) -> Path:
+    """Run every method on the first `limit` examples; results are appended line by line (a rerun resumes)."""
+    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    examples = read_examples(data_dir / task.folder / task.file, limit, on_bad_line, warn)
+    head = (data_dir / task.folder / task.prompt_file).read_text(encoding="utf-8")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{task.name}.jsonl"
+    done = done_keys(out)
+    todo = [(no, ex, run) for no, ex in examples for run in runs if (no, run.label) not in done]
+    models = {name: get_model(name) for run in runs for name in run.models}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), desc=task.name, unit="run", file=sys.stderr)
+    with out.open("a", encoding="utf-8") as sink:
+        for no, ex, run in todo:
+            cfg = DecodeConfig(**{"stop": task.stop, "max_new_words": task.max_new_words,
+                                  "max_new_tokens": 4 * task.max_new_words, **(base or {}), **run.settings})
+            t0 = time.perf_counter()
+            trace = AdaFuse([models[n] for n in run.models], cfg).generate(task.prompt(head, ex["question"]))
+            pred = task.extract(trace.output)
+            row = {"task": task.name, "line": no, "method": run.label, "question": ex["question"],
+                   "prediction": pred, "gold": ex["answer"], "scores": task.score(pred, ex["answer"]),
+                   "seconds": time.perf_counter() - t0, "trace": trace.to_dict()}
+            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+            sink.flush()
+            if bar:
+                bar.update(1)
+    if bar:
+        bar.close()
+    return out
+
+
+def load_results(out_dir: Path) -> list[dict]:
+    rows = []
+    for path in sorted(out_dir.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One row per (task, method): scores ×100, corpus BLEU/chrF, seconds, forward passes, words per round."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["task"], r["method"])].append(r)
+    table = []
+    for (task, method), items in sorted(groups.items()):
+        out = {"task": task, "method": method, "n": len(items)}
+        keys = sorted({k for it in items for k in it["scores"]})
+        for k in keys:
+            out[k] = round(100 * sum(it["scores"].get(k, 0) for it in items) / len(items), 2) \
+                if k not in ("bleu", "chrf") else None
+        if TASKS.get(task) and TASKS[task].metric == "translation":
+            golds = [it["gold"] if isinstance(it["gold"], str) else it["gold"][0] for it in items]
+            out.update({k: round(v, 2) for k, v in corpus_scores([it["prediction"] for it in items], golds).items()})
+        out["sec/example"] = round(sum(it["seconds"] for it in items) / len(items), 2)
+        fwd = [_forward_passes(it["trace"]) for it in items]
+        out["fwd/example"] = round(sum(fwd) / len(fwd), 1)
+        words = Counter(min(r["words"], 3) for it in items for r in it["trace"]["rounds"] if r["words"] > 0)
+        total = sum(words.values()) or 1
+        out["rounds 1/2/3+ words %"] = "/".join(f"{100 * words.get(k, 0) / total:.0f}" for k in (1, 2, 3))
+        table.append(out)
+    return table
+
+
+def _forward_passes(trace: dict) -> int:
+    """All models' forward passes in a trace dict, prompt prefill included."""
+    return sum(p.get("forward_passes", 0) for p in trace.get("prefill", {}).values()) + \
+        sum(s["forward_passes"] for r in trace["rounds"] for s in r["steps"])
+
+
+def main_metric_table(summary: list[dict]) -> list[dict]:
+    """Methods × tasks on each task's main metric, with the average."""
+    by_method: dict[str, dict] = defaultdict(dict)
+    for row in summary:
+        task = TASKS.get(row["task"])
+        if task:
+            by_method[row["method"]][row["task"]] = row.get(task.main_metric)
+    tasks = [t for t in TASKS if any(t in v for v in by_method.values())]
+    out = []
+    for method, scores in by_method.items():
+        row = {"method": method, **{t: scores.get(t) for t in tasks}}
+        vals = [v for v in scores.values() if v is not None]
+        row["average"] = round(sum(vals) / len(vals), 2) if len(vals) == len(tasks) and vals else None
+        out.append(row)
+    return out
+
+
+def write_summary(out_dir: Path) -> tuple[Path, Path]:
+    from .report import format_table
+    summary = summarize(load_results(out_dir))
+    md, csv_path = out_dir / "summary.md", out_dir / "summary.csv"
+    main = main_metric_table(summary)
+    md.write_text("## Main metric per task (EM for NQ/TriviaQA, F1 for SQuAD, accuracy for GSM8K, chrF for Flores)\n\n"
+                  + _markdown(main) + "\n\n## All numbers\n\n" + _markdown(summary) + "\n", encoding="utf-8")
+    with csv_path.open("w", newline="", encoding="utf-8") as fh:
+        cols = sorted({k for r in summary for k in r}, key=lambda k: (k not in ("task", "method", "n"), k))
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(summary)
+    print(format_table(main))
+    return md, csv_path
+
+
+def _markdown(rows: list[dict]) -> str:
+    if not rows:
+        return "(no results)"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)

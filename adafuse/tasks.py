@@ -1,0 +1,98 @@
+"""Benchmark tasks over ../shared/data: prompt building, answer extraction and scoring."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import metrics
+from .errors import AdafuseError
+
+DEFAULT_DATA = Path(os.environ.get("ADAFUSE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+class DataError(AdafuseError, ValueError):
+    """A data file is missing, unreadable or has a bad line."""
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    folder: str
+    file: str
+    prompt_file: str
+    template: str              # appended to the few-shot prompt; {q} is the question
+    stop: tuple[str, ...]
+    max_new_words: int
+    metric: str                # "em" | "em_f1" | "number" | "translation"
+
+    def prompt(self, head: str, question: str) -> str:
+        return head.rstrip("\n") + self.template.format(q=question)
+
+    def extract(self, output: str) -> str:
+        """The answer part of an output: cut at the next question block and similar continuations."""
+        text = output
+        for marker in ("\n\nQuestion", "\nQuestion:", "Question:", "\n\n"):
+            i = text.find(marker)
+            if i > 0 or (i == 0 and marker != "\n\n"):
+                text = text[:i]
+        if self.metric != "number":
+            text = text.strip().split("\n")[0]
+        return text.strip()
+
+    def score(self, prediction: str, gold) -> dict[str, float]:
+        golds = gold if isinstance(gold, list) else [gold]
+        if self.metric == "em":
+            return {"em": metrics.exact_match(prediction, golds)}
+        if self.metric == "em_f1":
+            return {"em": metrics.exact_match(prediction, golds), "f1": metrics.f1(prediction, golds)}
+        if self.metric == "number":
+            return {"acc": metrics.number_match(prediction, golds[0])}
+        return metrics.sentence_scores(prediction, golds[0])
+
+    @property
+    def main_metric(self) -> str:
+        return {"em": "em", "em_f1": "f1", "number": "acc", "translation": "chrf"}[self.metric]
+
+
+TASKS = {
+    "nq": Task("nq", "nq", "dev.jsonl", "prompt.txt", "\n\nQuestion: {q}\nAnswer:", ("\n",), 32, "em"),
+    "triviaqa": Task("triviaqa", "triviaqa", "dev.jsonl", "prompt.txt", "\n\nQuestion: {q}\nAnswer:", ("\n",), 32, "em"),
+    # the SQuAD prompt file puts question and answer on their own lines; we follow it
+    "squad": Task("squad", "squad", "dev1250.jsonl", "prompt.txt", "\n\nQuestion:\n{q}\nAnswer:\n", ("\n",), 32, "em_f1"),
+    "gsm8k": Task("gsm8k", "gsm8k", "test300.jsonl", "prompt.txt", "\n\nQuestion: {q}\nLet's think step by step\n",
+                  ("\n\nQuestion:",), 200, "number"),
+    "flores-de-en": Task("flores-de-en", "flores", "deu2en500.jsonl", "deu2en_prompt.txt", "\n\nGerman: {q}\nEnglish:",
+                         ("\n",), 96, "translation"),
+    "flores-en-de": Task("flores-en-de", "flores", "en2deu500.jsonl", "en2deu_prompt.txt", "\n\nEnglish: {q}\nGerman:",
+                         ("\n",), 96, "translation"),
+}
+
+
+def read_examples(path: Path, limit: int | None, on_bad_line: str = "skip", warn=print) -> list[tuple[int, dict]]:
+    """(line number, example) pairs; bad lines are reported with their number and skipped or stop the run."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc}; pass --data pointing at the folder that holds {path.parent.name}/")
+    out = []
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or "question" not in row or "answer" not in row:
+                raise ValueError("needs the fields 'question' and 'answer'")
+        except ValueError as exc:
+            msg = f"{path.name} line {no}: {exc}"
+            if on_bad_line == "stop":
+                raise DataError(msg + " (rerun with --on-bad-line skip to skip such lines)") from exc
+            warn(f"skipping {msg}")
+            continue
+        out.append((no, row))
+        if limit is not None and len(out) >= limit:
+            break
+    if limit is not None and len(out) < limit:
+        warn(f"{path.name} holds {len(out)} usable examples, fewer than --limit {limit}: using {len(out)}")
+    return out

@@ -1,0 +1,91 @@
+"""Metrics on hand-written cases, answer extraction, method specs, data errors, summaries, and one real CLI run."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from adafuse.errors import ConfigError
+from adafuse.evaluate import main_metric_table, parse_methods, summarize
+from adafuse.metrics import exact_match, f1, final_number, normalize_answer, number_match
+from adafuse.tasks import TASKS, DataError, read_examples
+from tests.conftest import ROOT, SHARED
+
+
+def test_normalized_exact_match_and_f1():
+    assert normalize_answer("The  Pacific Ocean.") == "pacific ocean"
+    assert exact_match(" George V.", ["George V", "King George"]) == 1.0
+    assert exact_match("George", ["George V"]) == 0.0
+    assert f1("the big red dog", ["red dog"]) == pytest.approx(2 * (2 / 3) * 1 / (2 / 3 + 1))
+    assert f1("cat", ["red dog"]) == 0.0
+
+
+def test_final_number_prefers_boxed_then_last_number():
+    assert final_number("so 3 + 4 = 7. The answer is \\boxed{1,234}.") == 1234
+    assert final_number("12 apples, then 5 more: 17.") == 17
+    assert final_number("no digits") is None
+    assert number_match("The answer is \\boxed{18}", "9 * 2 = 18\nTherefore, the answer is 18") == 1.0
+    assert number_match("The answer is 17", "Therefore, the answer is 18") == 0.0
+
+
+def test_extraction_cuts_continuations():
+    qa, gsm = TASKS["nq"], TASKS["gsm8k"]
+    assert qa.extract(" Paris.\n\nQuestion: next?\nAnswer: x") == "Paris."
+    assert qa.extract(" Paris Question: more") == "Paris"
+    assert gsm.extract("2 + 2 = 4\nThe answer is \\boxed{4}\n\nQuestion: next") == "2 + 2 = 4\nThe answer is \\boxed{4}"
+    assert TASKS["flores-de-en"].score("The weather is nice.", "The weather is nice.")["bleu"] > 99
+
+
+def test_method_specs():
+    runs = parse_methods(["adafuse", "greedy", "fixed-span-2", "adafuse[branches=5,diversity=false,tau=0.5]"],
+                         ["a", "b"])
+    assert [r.label for r in runs] == ["adafuse", "greedy:a", "greedy:b", "fixed-span-2",
+                                       "adafuse[branches=5,diversity=false,tau=0.5]"]
+    assert runs[3].settings == {"method": "fixed-span", "span_words": 2}
+    assert runs[4].settings == {"method": "adafuse", "branches": 5, "diversity": False, "tau": 0.5}
+    for bad in ("vote", "adafuse[colour=red]", "fixed-span-x"):
+        with pytest.raises(ConfigError):
+            parse_methods([bad], ["a", "b"])
+
+
+def test_bad_data_lines_are_reported_with_their_number(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"question": "q1", "answer": ["a"]}\nnot json\n{"question": "q3"}\n{"question": "q4", "answer": "b"}\n')
+    seen = []
+    rows = read_examples(path, 10, "skip", seen.append)
+    assert [no for no, _ in rows] == [1, 4]
+    assert any("line 2" in m for m in seen) and any("line 3" in m for m in seen) and any("fewer than" in m for m in seen)
+    with pytest.raises(DataError, match="line 2"):
+        read_examples(path, 10, "stop", seen.append)
+
+
+def test_summary_table():
+    trace = {"models": ["a"], "prefill": {}, "rounds": [{"words": 1, "steps": [{"model": "a", "forward_passes": 2,
+             "tokens_fed": 2, "seconds": 0.1}]}, {"words": 2, "steps": []}]}
+    rows = [{"task": "nq", "method": "adafuse", "scores": {"em": 1.0}, "seconds": 2.0, "trace": trace, "prediction": "x",
+             "gold": ["x"]},
+            {"task": "nq", "method": "adafuse", "scores": {"em": 0.0}, "seconds": 4.0, "trace": trace, "prediction": "y",
+             "gold": ["x"]}]
+    (s,) = summarize(rows)
+    assert s["em"] == 50.0 and s["sec/example"] == 3.0 and s["rounds 1/2/3+ words %"] == "50/50/0"
+    assert main_metric_table([s]) == [{"method": "adafuse", "nq": 50.0, "average": 50.0}]
+
+
+def test_eval_cli_writes_incrementally_and_resumes(tmp_path):
+    data = tmp_path / "data" / "nq"
+    data.mkdir(parents=True)
+    (data / "prompt.txt").write_text((SHARED / "nq" / "prompt.txt").read_text())
+    (data / "dev.jsonl").write_text("\n".join((SHARED / "nq" / "dev.jsonl").read_text().splitlines()[:2]) + "\nbroken\n")
+    cmd = [sys.executable, "-m", "adafuse", "eval", "--task", "nq", "--data", str(tmp_path / "data"), "--limit", "5",
+           "--methods", "greedy:smollm2-135m-instruct", "--out", str(tmp_path / "out"), "--no-progress"]
+    first = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "line 3" in first.stderr and "fewer than --limit 5" in first.stderr
+    lines = (tmp_path / "out" / "nq.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0])["trace"]["rounds"]
+    assert (tmp_path / "out" / "summary.md").read_text().count("greedy:smollm2-135m-instruct") >= 1
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert again.returncode == 0 and len((tmp_path / "out" / "nq.jsonl").read_text().splitlines()) == 2
+    bad = subprocess.run(cmd[:-3] + ["--methods", "vote", "--out", str(tmp_path / "o2")], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and "unknown method" in bad.stderr and "Traceback" not in bad.stderr
