@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tau", type=float, help="τ_Δ for every method (default 0.7)")
     ev.add_argument("--max-words", type=int, help="M for every method (default 3)")
     ev.add_argument("--branches", type=int, help="B for every method (default 3)")
+    ev.add_argument("--max-new-words", type=int, help="override the task's word cap (GSM8K: 200)")
     ev.add_argument("--out", type=Path, default=Path("results"), help="folder for <task>.jsonl, summary.md, summary.csv")
     ev.add_argument("--on-bad-line", choices=("skip", "stop"), default="skip", help="what a bad data line does")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -68,8 +69,8 @@ def run_eval(args) -> int:
     if args.limit is not None and args.limit < 1:
         from .errors import ConfigError
         raise ConfigError(f"--limit {args.limit} is invalid: use 1 or more")
-    base = {k: v for k, v in (("tau", args.tau), ("max_words", args.max_words), ("branches", args.branches))
-            if v is not None}
+    base = {k: v for k, v in (("tau", args.tau), ("max_words", args.max_words), ("branches", args.branches),
+                              ("max_new_words", args.max_new_words)) if v is not None}
     DecodeConfig(**base)  # validate before loading anything
     runs = parse_methods(args.methods, args.models)
     out = evaluate(TASKS[args.task], runs, args.out, args.data, args.limit, base, args.on_bad_line,

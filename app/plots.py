@@ -163,13 +163,21 @@ def fused_html(trace: Trace | None, pending: Round | None = None) -> str:
             f'<div class="af-legend">{legend} · {len(trace.rounds)} rounds · {trace.words} words{stop}</div>')
 
 
-def compare_html(trace: Trace | None, singles: dict[str, Trace] | None) -> str:
-    """Fused output next to each base model's own greedy output."""
+def _seconds(t: Trace) -> float:
+    return sum(t.cost(m)["seconds"] for m in t.models)
+
+
+def compare_html(trace: Trace | None, singles: dict[str, Trace] | None, others: dict[str, Trace] | None = None) -> str:
+    """Fused output next to each base model's own greedy output and any other methods decoded."""
     cols = []
     if trace:
-        cols.append(("AdaFuse (fused)", trace.output, f"{trace.words} words"))
+        method = trace.settings.get("method", "adafuse")
+        cols.append((f"{'AdaFuse' if method == 'adafuse' else method} (fused)", trace.output,
+                     f"{trace.words} words · {_seconds(trace):.1f}s"))
+    for name, t in (others or {}).items():
+        cols.append((name, t.output, f"{t.words} words · {_seconds(t):.1f}s"))
     for name, t in (singles or {}).items():
-        cols.append((f"{name} alone", t.output, f"{t.words} words · {t.cost(name)['seconds']:.1f}s"))
+        cols.append((f"{name} alone", t.output, f"{t.words} words · {_seconds(t):.1f}s"))
     if not cols:
         return '<div class="af-empty">Single-model outputs appear here after a Run.</div>'
     cells = "".join(f'<div class="af-col"><b>{html.escape(h)}</b><div class="af-meta">{html.escape(m)}</div>'

@@ -9,7 +9,7 @@ from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
 from adafuse.report import candidate_label
 
 from . import plots
-from .controller import Explorer, friendly, load_examples, parse_stops
+from .controller import COMPARE_METHODS, EVAL_METHODS, Explorer, disagreements, friendly, load_examples, parse_stops
 
 CSS = """
 .af-out {font-family: ui-serif, Georgia, serif; font-size: 1.08rem; line-height: 1.9; padding: 12px 14px;
@@ -55,7 +55,7 @@ def render(ex: Explorer, status: str = "", selected: int | None = None):
     choices = _choices(pending)
     return (
         plots.fused_html(t, pending),
-        plots.compare_html(t, ex.singles),
+        plots.compare_html(t, ex.singles, ex.others),
         plots.margins_figure(t),
         plots.pool_figure(t, sel, pending),
         plots.words_per_round_figure(t),
@@ -96,6 +96,7 @@ def build_demo() -> gr.Blocks:
                 mode = gr.Radio(["raw", "chat"], value="raw", label="Prompt mode")
                 stop = gr.Textbox(value="", lines=2, label="Stop strings (one per line, \\n for newline)")
                 compare = gr.Checkbox(True, label="Also run each model alone (greedy)")
+                others = gr.CheckboxGroup(list(COMPARE_METHODS), value=[], label="Also decode with (side by side)")
             with gr.Column(scale=2):
                 prompt = gr.Textbox(lines=7, label="Prompt", elem_id="af-prompt",
                                     placeholder="Type a prompt or pick an example below")
@@ -125,6 +126,23 @@ def build_demo() -> gr.Blocks:
                 rounds_df = gr.Dataframe(plots.rounds_frame(None), label="Rounds", elem_id="af-rounds", wrap=True)
                 cost_plot = gr.Plot(plots.cost_figure(None), elem_id="af-cost")
                 cost_df = gr.Dataframe(plots.cost_frame(None), label="Forward passes, tokens fed, seconds")
+            with gr.Tab("Evaluate", id="eval"):
+                gr.Markdown("Run a small batch of a benchmark task (from `../shared/data`) with several methods, then "
+                            "open any example's trace in the views above.")
+                with gr.Row():
+                    from adafuse.tasks import TASKS
+                    eval_task = gr.Dropdown(list(TASKS), value="triviaqa", label="Task")
+                    eval_n = gr.Slider(1, 20, value=3, step=1, label="Examples")
+                    eval_methods = gr.CheckboxGroup(list(EVAL_METHODS), value=["adafuse", "greedy"], label="Methods")
+                eval_btn = gr.Button("Run evaluation", elem_id="af-eval-run")
+                eval_status = gr.Markdown("", elem_id="af-eval-status")
+                eval_summary = gr.Dataframe(label="Summary", elem_id="af-eval-summary", wrap=True)
+                eval_diff = gr.Dataframe(label="Where the ensemble and a single model disagree", wrap=True,
+                                         elem_id="af-eval-diff")
+                with gr.Row():
+                    open_line = gr.Number(label="Example (line)", precision=0)
+                    open_method = gr.Dropdown([], label="Method", allow_custom_value=True)
+                    open_btn = gr.Button("Open in the explorer views")
             with gr.Tab("Export / load trace", id="io"):
                 download = gr.DownloadButton("⬇ Download trace (JSON)", value=None, interactive=False,
                                              elem_id="af-download")
@@ -142,7 +160,7 @@ def build_demo() -> gr.Blocks:
             except Exception as exc:  # noqa: BLE001 - shown to the user, app keeps serving
                 return f"⚠️ {friendly(exc)}"
 
-        def on_run(ex, names, prompt_text, want_singles, *s):
+        def on_run(ex, names, prompt_text, want_singles, other_methods, *s):
             ex = ex or Explorer()
             try:
                 cfg = _settings(*s)
@@ -151,6 +169,8 @@ def build_demo() -> gr.Blocks:
                 while not d.done:
                     r = d.step()
                     yield (ex, *render(ex, f"… round {r.index + 1} · {d.trace.words} words"))
+                for label in ex.run_others(names, cfg, prompt_text, other_methods):
+                    yield (ex, *render(ex, f"… {label} done"))
                 if want_singles:
                     for name in ex.run_singles(names, cfg, prompt_text):
                         yield (ex, *render(ex, f"… {name} alone done"))
@@ -203,8 +223,37 @@ def build_demo() -> gr.Blocks:
             except Exception as exc:  # noqa: BLE001
                 return (ex, *_error(ex, exc))
 
+        def on_eval(ex, task_name, n, methods, names, tau_v, m_v, b_v, progress=gr.Progress(track_tqdm=True)):
+            import pandas as pd
+            from adafuse.evaluate import summarize
+            ex = ex or Explorer()
+            try:
+                rows = ex.evaluate(task_name, n, methods, names,
+                                   {"tau": float(tau_v), "max_words": int(m_v), "branches": int(b_v)})
+                diff = disagreements(rows)
+                labels = sorted({r["method"] for r in rows})
+                return (ex, f"✓ {len(rows)} runs on {task_name}; {len(diff)} disagreement(s)",
+                        pd.DataFrame(summarize(rows)), pd.DataFrame(diff or [{"line": None}]),
+                        gr.update(choices=labels, value="adafuse" if "adafuse" in labels else labels[0]),
+                        diff[0]["line"] if diff else (rows[0]["line"] if rows else None))
+            except Exception as exc:  # noqa: BLE001
+                return (ex, f"⚠️ **Error:** {html.escape(friendly(exc))}", gr.update(), gr.update(), gr.update(),
+                        gr.update())
+
+        def on_open(ex, line, method):
+            ex = ex or Explorer()
+            try:
+                t = ex.open_example(int(line or 0), method)
+                return (ex, *render(ex, f"📂 example {int(line)} / {method}: {len(t.rounds)} rounds"))
+            except Exception as exc:  # noqa: BLE001
+                return (ex, *_error(ex, exc))
+
         load_btn.click(on_load, [models], [load_status])
-        run_evt = run_btn.click(on_run, [state, models, prompt, compare, *settings], [state, *outputs],
+        eval_btn.click(on_eval, [state, eval_task, eval_n, eval_methods, models, tau, max_words, branches],
+                       [state, eval_status, eval_summary, eval_diff, open_method, open_line],
+                       concurrency_limit=1, concurrency_id="eval")
+        open_btn.click(on_open, [state, open_line, open_method], [state, *outputs])
+        run_evt = run_btn.click(on_run, [state, models, prompt, compare, others, *settings], [state, *outputs],
                                 concurrency_limit=2, concurrency_id="decode")
         step_evt = step_btn.click(on_step, [state, models, prompt, choice, *settings], [state, *outputs],
                                   concurrency_limit=2, concurrency_id="decode")

@@ -97,12 +97,14 @@ def open_tab(pg, name: str):
 def test_run_mode_renders_every_view_and_exports(page, tmp_path):
     pg = page
     pick_example(pg, "QA · tallest mountain", "tallest mountain")
+    pg.get_by_label("fixed span 2").check()
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done")
     assert pg.locator("#af-fused .af-out .af-span").count() > 0
     assert pg.locator("#af-fused .af-out").inner_text().strip()
     pg.screenshot(path=str(SHOTS / "run-output.png"), full_page=True)
-    assert pg.locator("#af-compare .af-col").count() == 3  # fused + each model alone
+    assert pg.locator("#af-compare .af-col").count() == 4  # fused, fixed span 2, each model alone
+    assert "fixed span 2" in pg.locator("#af-compare").inner_text()
     for tab, elem in (("Confidence margins", "#af-margins"), ("Candidate pool", "#af-pool"),
                       ("Words per round", "#af-wpr")):
         open_tab(pg, tab)
@@ -161,3 +163,18 @@ def test_empty_prompt_shows_an_error(page):
     text = wait_status(pg, "Error", 60)
     assert "prompt is empty" in text
     pg.screenshot(path=str(SHOTS / "empty-prompt.png"), full_page=True)
+
+
+def test_evaluate_tab_lists_results_and_opens_a_trace(page):
+    pg = page
+    open_tab(pg, "Evaluate")
+    pg.locator("#af-eval-run").click()
+    end = time.time() + 400
+    while "runs on" not in pg.locator("#af-eval-status").inner_text():
+        assert time.time() < end and "Error" not in pg.locator("#af-eval-status").inner_text()
+        time.sleep(1)
+    assert "adafuse" in pg.locator("#af-eval-summary").inner_text()
+    pg.screenshot(path=str(SHOTS / "evaluate.png"), full_page=True)
+    pg.get_by_role("button", name="Open in the explorer views").click()
+    wait_status(pg, "rounds", 60)
+    assert pg.locator("#af-fused .af-span").count() > 0
