@@ -38,7 +38,7 @@ def score_candidates(s: ModelSession, cands: list[tuple[str, bool]], own: dict[i
     logps: list[list[float] | None] = [None] * len(cands)
     for i, p in own.items():
         target = seqs[i][starts[i]:]
-        if p.clean and starts[i] == n_ids and target[:-1] == p.tokens[:-1] and \
+        if target and p.clean and starts[i] == n_ids and target[:-1] == p.tokens[:-1] and \
                 (target[-1] == p.tokens[-1] or (target[-1] == END and p.eos)):
             logps[i] = list(p.logprobs)
     todo = [i for i in range(len(cands)) if logps[i] is None]
@@ -60,4 +60,5 @@ def score_candidates(s: ModelSession, cands: list[tuple[str, bool]], own: dict[i
                 dist, tok = dists[pos - first], seqs[i][pos]
                 vals.append(end_logprob(s, dist) if tok == END else float(dist[tok]))
             logps[i] = vals
-    return [Score(nll=-sum(v) / len(v), n_tokens=len(v), straddle=starts[i] < n_ids) for i, v in enumerate(logps)]
+    return [Score(nll=-sum(v) / len(v) if v else 0.0, n_tokens=len(v), straddle=starts[i] < n_ids)
+            for i, v in enumerate(logps)]

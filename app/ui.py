@@ -154,8 +154,9 @@ def build_demo() -> gr.Blocks:
         settings = [tau, max_words, branches, diversity, max_new_words, mode, stop]
 
         # ---- wiring ----
-        def on_load(names):
+        def on_load(names, progress=gr.Progress()):
             try:
+                progress(0, desc="loading models (the first load of a GGUF converts it: a minute or two)")
                 return Explorer().load(names)
             except Exception as exc:  # noqa: BLE001 - shown to the user, app keeps serving
                 return f"⚠️ {friendly(exc)}"
@@ -164,8 +165,9 @@ def build_demo() -> gr.Blocks:
             ex = ex or Explorer()
             try:
                 cfg = _settings(*s)
+                yield (ex, *render(ex, "… loading models and reading the prompt"))
                 d = ex.begin(names, cfg, prompt_text, resume=True)
-                yield (ex, *render(ex, "… decoding…"))
+                yield (ex, *render(ex, "… decoding"))
                 while not d.done:
                     r = d.step()
                     yield (ex, *render(ex, f"… round {r.index + 1} · {d.trace.words} words"))
