@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 N_QA=${N_QA:-10}; N_GSM=${N_GSM:-3}; N_MT=${N_MT:-5}; OUT=${OUT:-results}
 MAIN=(adafuse greedy beam fixed-span-1 fixed-span-2 fixed-span-3 token-union mixture)
 eval_() { python -m adafuse eval --out "$OUT" --no-progress "$@"; }
+# resume from the committed per-example results (kept gzipped in git)
+for f in "$OUT"/*.jsonl.gz; do [ -e "$f" ] && [ ! -e "${f%.gz}" ] && gunzip -k "$f"; done
 
 # 1. the main table
 for task in nq triviaqa squad; do eval_ --task "$task" --limit "$N_QA" --methods "${MAIN[@]}"; done
