@@ -51,7 +51,9 @@ def render(ex: Explorer, status: str = "", selected: int | None = None):
     """Every view from the session's trace, in the order of OUTPUTS."""
     t, pending = ex.trace, ex.pending
     n = len(t.rounds) if t else 0
-    sel = n - 1 if selected is None or selected >= n else selected
+    if selected is None or selected >= n:  # the latest round that had a real choice to make
+        selected = next((r.index for r in reversed(t.rounds) if len(r.candidates) > 1), n - 1) if t else -1
+    sel = selected
     choices = _choices(pending)
     return (
         plots.fused_html(t, pending),
