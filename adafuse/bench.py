@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -12,9 +11,10 @@ from .config import DecodeConfig
 from .decoder import AdaFuse, greedy
 from .loading import DEFAULT_PAIR, get_model
 from .report import format_table
+from .tasks import DEFAULT_DATA
 from .trace import Trace
 
-DATA = Path(os.environ.get("ADAFUSE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA = DEFAULT_DATA
 
 
 def tasks(data: Path, n_trivia: int, n_gsm: int) -> list[tuple[str, str, DecodeConfig]]:

@@ -9,7 +9,18 @@ from pathlib import Path
 from . import metrics
 from .errors import AdafuseError
 
-DEFAULT_DATA = Path(os.environ.get("ADAFUSE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+def _find_data() -> Path:
+    """$ADAFUSE_DATA, else the first `shared/data` beside the checkout (../shared/data) or above it."""
+    if os.environ.get("ADAFUSE_DATA"):
+        return Path(os.environ["ADAFUSE_DATA"])
+    here = Path(__file__).resolve().parents[1]
+    for base in (here.parent, *here.parent.parents, Path("/work")):
+        if (base / "shared" / "data").is_dir():
+            return base / "shared" / "data"
+    return here.parent / "shared" / "data"
+
+
+DEFAULT_DATA = _find_data()
 
 
 class DataError(AdafuseError, ValueError):
