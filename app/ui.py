@@ -47,8 +47,9 @@ def _choices(pending) -> list[tuple[str, int]]:
     return out
 
 
-def render(ex: Explorer, status: str = "", selected: int | None = None):
-    """Every view from the session's trace, in the order of OUTPUTS."""
+def render(ex: Explorer, status: str = "", selected: int | None = None, export: bool = True):
+    """Every view from the session's trace, in the order of OUTPUTS. `export=False` while rounds stream in: the
+    trace file for the download button is written once the run ends, not rewritten every round."""
     t, pending = ex.trace, ex.pending
     n = len(t.rounds) if t else 0
     if selected is None or selected >= n:  # the latest round that had a real choice to make
@@ -68,7 +69,7 @@ def render(ex: Explorer, status: str = "", selected: int | None = None):
         gr.update(choices=choices, value=pending.winner if pending is not None else None,
                   interactive=bool(choices)),
         status,
-        gr.update(value=ex.export(), interactive=t is not None),
+        gr.update(value=ex.export(), interactive=t is not None) if export else gr.update(),
     )
 
 
@@ -167,17 +168,17 @@ def build_demo() -> gr.Blocks:
             ex = ex or Explorer()
             try:
                 cfg = _settings(*s)
-                yield (ex, *render(ex, "… loading models and reading the prompt"))
+                yield (ex, *render(ex, "… loading models and reading the prompt", export=False))
                 d = ex.begin(names, cfg, prompt_text, resume=True)
-                yield (ex, *render(ex, "… decoding"))
+                yield (ex, *render(ex, "… decoding", export=False))
                 while not d.done:
                     r = d.step()
-                    yield (ex, *render(ex, f"… round {r.index + 1} · {d.trace.words} words"))
+                    yield (ex, *render(ex, f"… round {r.index + 1} · {d.trace.words} words", export=False))
                 for label in ex.run_others(names, cfg, prompt_text, other_methods):
-                    yield (ex, *render(ex, f"… {label} done"))
+                    yield (ex, *render(ex, f"… {label} done", export=False))
                 if want_singles:
                     for name in ex.run_singles(names, cfg, prompt_text):
-                        yield (ex, *render(ex, f"… {name} alone done"))
+                        yield (ex, *render(ex, f"… {name} alone done", export=False))
                 yield (ex, *render(ex, f"✓ done: {d.trace.words} words in {len(d.trace.rounds)} rounds "
                                        f"({d.trace.seconds:.1f}s), stop: {d.trace.stop_reason}"))
             except Exception as exc:  # noqa: BLE001
