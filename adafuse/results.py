@@ -1,6 +1,7 @@
 """`python -m adafuse.results RESULTS_DIR DOCS_DIR`: docs/results.md and Plotly figures (HTML + PNG) from eval runs."""
 from __future__ import annotations
 
+import random
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -33,6 +34,30 @@ def _mean(vals):
     return sum(vals) / len(vals) if vals else None
 
 
+def paired_difference(a: dict[int, float], b: dict[int, float], seed: int = 0, n_boot: int = 2000):
+    """Mean of a − b over the examples both have, a 95 % paired-bootstrap interval, and wins/ties/losses of a."""
+    lines = sorted(set(a) & set(b))
+    if not lines:
+        return None
+    diffs = [a[i] - b[i] for i in lines]
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choice(diffs) for _ in diffs) / len(diffs) for _ in range(n_boot))
+    return {"n": len(diffs), "mean": sum(diffs) / len(diffs), "low": means[int(0.025 * n_boot)],
+            "high": means[int(0.975 * n_boot) - 1], "wins": sum(d > 0 for d in diffs),
+            "ties": sum(d == 0 for d in diffs), "losses": sum(d < 0 for d in diffs)}
+
+
+def _per_example(rows: list[dict]) -> dict[tuple[str, str], dict[int, float]]:
+    """(task, method) → {example line: main-metric score on a 0–100 scale}."""
+    out: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        task = TASKS.get(r["task"])
+        if task:
+            scale = 1.0 if task.metric == "translation" else 100.0
+            out[(r["task"], r["method"])][r["line"]] = scale * r["scores"].get(task.main_metric, 0.0)
+    return out
+
+
 def build(results: Path, docs: Path) -> Path:
     rows = load_results(results)
     summary_rows = summarize(rows)
@@ -51,13 +76,36 @@ def build(results: Path, docs: Path) -> Path:
            "Produced by `experiments/run.sh` (which calls `python -m adafuse eval` per task and then this report). "
            "Examples per task: " + ", ".join(f"{t} {n}" for t, n in sizes.items()) + ". Scores ×100: exact match "
            "(NQ, TriviaQA), F1 (SQuAD), final-number accuracy (GSM8K), chrF (Flores). Decoding: τΔ=0.7, M=3, B=3 "
-           "unless a label says otherwise. With this few examples one example moves a QA score by 10 points: read "
-           "the trends, not the decimals.", "", "## Main table", "", _markdown(table), ""]
+           "unless a label says otherwise. "
+           f"With {min(sizes.values())}–{max(sizes.values())} examples one example moves an exact-match score by "
+           f"{100 / max(sizes.values()):.0f}–{100 / min(sizes.values()):.0f} points: read the trends and the paired "
+           "intervals below, not the decimals.", "", "## Main table", "", _markdown(table), ""]
     fig = go.Figure()
     for t in tasks:
         fig.add_trace(go.Bar(name=t, x=[r["method"] for r in table], y=[r.get(t) for r in table]))
     fig.update_layout(barmode="group", title="Main metric per task", yaxis_title="score ×100")
     out += [_save(fig, figs, "main"), ""]
+
+    # paired comparisons on the same examples: is a difference more than noise?
+    per_ex = _per_example(rows)
+    rivals = singles + [m for m in main_methods if m != "adafuse"]
+    pair_rows, clear = [], []
+    for t in tasks:
+        if (t, "adafuse") not in per_ex:
+            continue
+        row = {"task": t}
+        for m in rivals:
+            d = paired_difference(per_ex[(t, "adafuse")], per_ex.get((t, m), {}))
+            if d:
+                row[f"vs {m}"] = (f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] "
+                                  f"{d['wins']}/{d['ties']}/{d['losses']}")
+                if m in singles and (d["low"] > 0 or d["high"] < 0):
+                    clear.append(f"{'above' if d['low'] > 0 else 'below'} {m} on {t} ({d['mean']:+.1f})")
+        pair_rows.append(row)
+    out += ["## AdaFuse against each other method, example by example", "",
+            "Mean per-example difference AdaFuse − method (main metric, points), its 95 % paired-bootstrap interval, "
+            "and the examples where AdaFuse scored higher/the same/lower. An interval that excludes 0 is a difference "
+            "this sample can tell apart from noise (sentence-level chrF for Flores).", "", _markdown(pair_rows), ""]
 
     # observations computed from the numbers, so a rerun keeps them true
     obs = []
@@ -76,6 +124,8 @@ def build(results: Path, docs: Path) -> Path:
         per_task = [t for t in tasks if _score(summary, t, "adafuse") is not None and all(
             (_score(summary, t, s) or 0) < _score(summary, t, "adafuse") for s in singles)]
         obs.append(f"- Tasks where AdaFuse beats both single models: {', '.join(per_task) or 'none'}.")
+        obs.append("- Differences from a single model that the paired intervals can tell from noise: AdaFuse "
+                   + ("; ".join(clear) if clear else "none") + ".")
     qa = [t for t in ("nq", "triviaqa") if t in tasks]
 
     # ablations: every setting scored on the same examples (those all of them were run on)
@@ -165,7 +215,10 @@ def build(results: Path, docs: Path) -> Path:
                        + ", ".join(f"{w['task']} {w['1 word %']:.0f} %" for w in longer) + ").")
 
     # cost
-    out += ["## Cost per example (seconds, forward passes of all models, 2 CPU cores)", ""]
+    out += ["## Cost per example (seconds, forward passes of all models, 2 CPU cores)", "",
+            "Wall-clock seconds per decode (model loading and the shared few-shot prefix excluded). The runs were made "
+            "either as one process using both cores or as two processes with one core each (`experiments/run.py`); on "
+            "these small models the two give per-decode times within about 10 % of each other.", ""]
     cost = defaultdict(dict)
     for (t, m), r in summary.items():
         if m in order:

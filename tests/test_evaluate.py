@@ -1,4 +1,5 @@
 """Metrics on hand-written cases, answer extraction, method specs, data errors, summaries, and one real CLI run."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import pytest
 
 from adafuse.errors import ConfigError
 from adafuse.evaluate import main_metric_table, parse_methods, summarize
+from adafuse.results import paired_difference
 from adafuse.metrics import exact_match, f1, final_number, normalize_answer, number_match
 from adafuse.tasks import TASKS, DataError, read_examples
 from tests.conftest import ROOT, SHARED
@@ -69,6 +71,36 @@ def test_summary_table():
     (s,) = summarize(rows)
     assert s["em"] == 50.0 and s["sec/example"] == 3.0 and s["rounds 1/2/3+ words %"] == "50/50/0"
     assert main_metric_table([s]) == [{"method": "adafuse", "nq": 50.0, "average": 50.0}]
+
+
+def test_paired_difference_uses_shared_examples_only():
+    a = {1: 100.0, 2: 0.0, 3: 100.0, 7: 100.0}
+    b = {1: 0.0, 2: 0.0, 3: 100.0, 4: 50.0}
+    d = paired_difference(a, b)
+    assert (d["n"], d["wins"], d["ties"], d["losses"]) == (3, 1, 2, 0)
+    assert d["mean"] == pytest.approx(100 / 3)
+    assert 0.0 <= d["low"] <= d["mean"] <= d["high"] <= 100.0
+    same = paired_difference({i: float(i % 2) for i in range(40)}, {i: float(i % 2) for i in range(40)})
+    assert (same["low"], same["high"], same["ties"]) == (0.0, 0.0, 40)
+    assert paired_difference({1: 1.0}, {2: 1.0}) is None
+    big = paired_difference({i: 100.0 for i in range(50)}, {i: 0.0 if i < 45 else 100.0 for i in range(50)})
+    assert big["low"] > 0  # 45 wins, 5 ties: clearly better
+
+
+def test_experiment_workers_merge_without_duplicates(tmp_path):
+    spec = importlib.util.spec_from_file_location("experiments_run", ROOT / "experiments" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    out = tmp_path / "results"
+    out.mkdir()
+    row = lambda line, method: json.dumps({"task": "nq", "line": line, "method": method})  # noqa: E731
+    (out / "nq.jsonl").write_text(row(1, "adafuse") + "\n")
+    for w, lines in enumerate([[row(1, "adafuse"), row(2, "adafuse")], [row(2, "adafuse"), row(2, "beam"), '{"cut']]):
+        (tmp_path / f"results.w{w}").mkdir()
+        (tmp_path / f"results.w{w}" / "nq.jsonl").write_text("\n".join(lines) + "\n")
+    run.merge(out)
+    keys = [(r["line"], r["method"]) for r in map(json.loads, (out / "nq.jsonl").read_text().splitlines())]
+    assert keys == [(1, "adafuse"), (2, "adafuse"), (2, "beam")]
 
 
 def test_eval_cli_writes_incrementally_and_resumes(tmp_path):
