@@ -126,6 +126,10 @@ def build(results: Path, docs: Path) -> Path:
         obs.append(f"- Tasks where AdaFuse beats both single models: {', '.join(per_task) or 'none'}.")
         obs.append("- Differences from a single model that the paired intervals can tell from noise: AdaFuse "
                    + ("; ".join(clear) if clear else "none") + ".")
+        floor = [t for t in tasks if all(not _score(summary, t, m) for m in order if (t, m) in summary)]
+        if floor:
+            obs.append(f"- No method scores above 0 on {', '.join(floor)}: these models are below the task's floor, so "
+                       "it cannot tell the methods apart.")
     qa = [t for t in ("nq", "triviaqa") if t in tasks]
 
     # ablations: every setting scored on the same examples (those all of them were run on)

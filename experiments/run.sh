@@ -3,8 +3,8 @@
 # in both directions (N_MT), the ablations on NQ and TriviaQA, then the tables and figures. Results are appended to
 # results/<task>.jsonl as they come and a rerun resumes; the committed per-example results (results/*.jsonl.gz) are
 # unpacked first, so with the default sizes (the ones in docs/results.md) a rerun only rebuilds the report.
-#   rm results/*.jsonl*; experiments/run.sh           # everything from scratch: about 2.5 hours on 2 CPU cores
-#   N_QA=10 N_GSM=3 N_MT=5 OUT=/tmp/r experiments/run.sh   # a quick look (about 30 minutes)
+#   rm results/*.jsonl*; experiments/run.sh           # everything from scratch: about 3 hours on 2 CPU cores
+#   N_QA=10 N_GSM=3 N_MT=5 OUT=/tmp/r experiments/run.sh   # a quick look (well under an hour)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results}
