@@ -13,4 +13,4 @@ for f in "$OUT"/*.jsonl.gz; do [ -e "$f" ] && [ ! -e "${f%.gz}" ] && gunzip -k "
 python experiments/run.py --out "$OUT" --n-qa "${N_QA:-50}" --n-gsm "${N_GSM:-20}" --n-mt "${N_MT:-30}" \
     --workers "${WORKERS:-$(nproc)}"
 python -m adafuse.results "$OUT" docs
-gzip -kf "$OUT"/*.jsonl
+gzip -nkf "$OUT"/*.jsonl
