@@ -14,8 +14,6 @@ from .report import format_table
 from .tasks import DEFAULT_DATA
 from .trace import Trace
 
-DATA = DEFAULT_DATA
-
 
 def tasks(data: Path, n_trivia: int, n_gsm: int) -> list[tuple[str, str, DecodeConfig]]:
     out = []
@@ -52,7 +50,7 @@ def quarter_ratio(trace: Trace) -> float | None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m adafuse.bench", description=__doc__)
-    p.add_argument("--data", type=Path, default=DATA, help="folder with triviaqa/ and gsm8k/")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with triviaqa/ and gsm8k/")
     p.add_argument("--trivia", type=int, default=20)
     p.add_argument("--gsm8k", type=int, default=5)
     p.add_argument("--models", nargs=2, default=list(DEFAULT_PAIR))

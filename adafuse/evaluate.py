@@ -93,6 +93,9 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
     out = out_dir / f"{task.name}.jsonl"
     done = done_keys(out)
     todo = [(no, ex, run) for no, ex in examples for run in runs if (no, run.label) not in done]
+    if not todo:  # every run is already in the file: a resume that has nothing to decode loads no model
+        out.touch()
+        return out
     models = {name: get_model(name) for run in runs for name in run.models}
     bar = None
     if progress:

@@ -137,19 +137,15 @@ def build(results: Path, docs: Path) -> Path:
     nodiv = {b: f"adafuse[branches={b},diversity=false]" for b in (2, 4, 5)} | {1: "adafuse[branches=1]", 3: "beam"}
     taus = {0.3: "adafuse[tau=0.3]", 0.5: "adafuse[tau=0.5]", 0.7: "adafuse", 0.9: "adafuse[tau=0.9]"}
     ablated = set(div.values()) | set(nodiv.values()) | set(taus.values()) | {f"fixed-span-{n}" for n in (1, 2, 3)}
-    per_line: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
-    for r in rows:
-        if r["task"] in qa and r["method"] in ablated:
-            per_line[(r["task"], r["method"])][r["line"]] = r["scores"].get(TASKS[r["task"]].main_metric, 0.0)
     common = {}
     for t in qa:
-        sets = [set(v) for (tt, _), v in per_line.items() if tt == t]
+        sets = [set(v) for (tt, m), v in per_ex.items() if tt == t and m in ablated]
         common[t] = set.intersection(*sets) if sets else set()
 
-    def _abl_score(_summary, task, method):  # ablations: per-example scores on common lines
-        vals = per_line.get((task, method), {})
+    def _abl_score(task, method):  # ablations: per-example scores on the lines every setting ran on
+        vals = per_ex.get((task, method), {})
         lines = common.get(task, set())
-        return round(100 * sum(vals[i] for i in lines) / len(lines), 2) if lines and lines <= set(vals) else None
+        return round(sum(vals[i] for i in lines) / len(lines), 2) if lines and lines <= set(vals) else None
 
     out += [f"## Ablations (NQ and TriviaQA, the {min((len(v) for v in common.values()), default=0)} examples "
             "every setting ran on)", ""]
@@ -157,23 +153,23 @@ def build(results: Path, docs: Path) -> Path:
     for label, method in [(f"B={b}, diversity", div[b]) for b in range(1, 6)] + \
             [(f"B={b}, beam (no diversity)", nodiv[b]) for b in range(1, 6)] + \
             [(f"τΔ={t}", m) for t, m in taus.items()] + [(f"fixed span {n}", f"fixed-span-{n}") for n in (1, 2, 3)]:
-        vals = {t: _abl_score(summary, t, method) for t in qa}
+        vals = {t: _abl_score(t, method) for t in qa}
         if any(v is not None for v in vals.values()):
             abl_rows.append({"setting": label, "method": method, **vals, "mean": _mean(vals.values())})
     out += [_markdown(abl_rows), ""]
     if abl_rows:
         fig = go.Figure()
         for name, series in (("diversity", div), ("beam (no diversity)", nodiv)):
-            ys = [_mean([_abl_score(summary, t, series[b]) for t in qa]) for b in range(1, 6)]
+            ys = [_mean([_abl_score(t, series[b]) for t in qa]) for b in range(1, 6)]
             fig.add_trace(go.Scatter(x=list(range(1, 6)), y=ys, mode="lines+markers", name=name))
         fig.update_layout(title="Branches B (NQ+TriviaQA mean EM)", xaxis_title="B", yaxis_title="EM ×100")
         out += [_save(fig, figs, "ablation_branches"), ""]
-        fig = go.Figure(go.Scatter(x=list(taus), y=[_mean([_abl_score(summary, t, m) for t in qa]) for m in taus.values()],
+        fig = go.Figure(go.Scatter(x=list(taus), y=[_mean([_abl_score(t, m) for t in qa]) for m in taus.values()],
                                    mode="lines+markers"))
         fig.update_layout(title="Margin threshold τΔ (NQ+TriviaQA mean EM)", xaxis_title="τΔ", yaxis_title="EM ×100")
         out += [_save(fig, figs, "ablation_tau"), ""]
-        b_div = [_mean([_abl_score(summary, t, div[b]) for t in qa]) for b in range(1, 6)]
-        b_beam = [_mean([_abl_score(summary, t, nodiv[b]) for t in qa]) for b in range(1, 6)]
+        b_div = [_mean([_abl_score(t, div[b]) for t in qa]) for b in range(1, 6)]
+        b_beam = [_mean([_abl_score(t, nodiv[b]) for t in qa]) for b in range(1, 6)]
         if all(v is not None for v in b_div + b_beam):
             def trend(vals):
                 return "up" if vals[-1] > vals[0] else "down" if vals[-1] < vals[0] else "flat"
@@ -182,13 +178,13 @@ def build(results: Path, docs: Path) -> Path:
                        + f" ({trend(b_beam)}). Paper: up with diversity, down without — "
                        f"diversity part {'reproduced' if trend(b_div) == 'up' else 'not reproduced'}, beam part "
                        f"{'reproduced' if trend(b_beam) == 'down' else 'not reproduced'}.")
-        fixed = {n: _mean([_abl_score(summary, t, f"fixed-span-{n}") for t in qa]) for n in (1, 2, 3)}
-        adaptive = _mean([_abl_score(summary, t, "adafuse") for t in qa])
+        fixed = {n: _mean([_abl_score(t, f"fixed-span-{n}") for t in qa]) for n in (1, 2, 3)}
+        adaptive = _mean([_abl_score(t, "adafuse") for t in qa])
         if adaptive is not None and all(v is not None for v in fixed.values()):
             verdict = "reproduced" if adaptive > max(fixed.values()) else "not reproduced"
             obs.append(f"- Adaptive vs fixed span lengths (NQ+TriviaQA mean, same examples): adaptive {adaptive:.2f}, "
                        "fixed 1/2/3 " + "/".join(f"{v:.2f}" for v in fixed.values()) + f" — **{verdict}**.")
-        tau_vals = [_mean([_abl_score(summary, t, m) for t in qa]) for m in taus.values()]
+        tau_vals = [_mean([_abl_score(t, m) for t in qa]) for m in taus.values()]
         if all(v is not None for v in tau_vals):
             obs.append("- τΔ 0.3/0.5/0.7/0.9: " + "/".join(f"{v:.1f}" for v in tau_vals)
                        + (" — stable, as in the paper." if max(tau_vals) - min(tau_vals) <= 5 else

@@ -54,18 +54,17 @@ def render(ex: Explorer, status: str = "", selected: int | None = None, export: 
     n = len(t.rounds) if t else 0
     if selected is None or selected >= n:  # the latest round that had a real choice to make
         selected = next((r.index for r in reversed(t.rounds) if len(r.candidates) > 1), n - 1) if t else -1
-    sel = selected
     choices = _choices(pending)
     return (
         plots.fused_html(t, pending),
         plots.compare_html(t, ex.singles, ex.others),
         plots.margins_figure(t),
-        plots.pool_figure(t, sel, pending),
+        plots.pool_figure(t, selected, pending),
         plots.words_per_round_figure(t),
         plots.rounds_frame(t),
         plots.cost_frame(t, ex.singles),
         plots.cost_figure(t, ex.singles),
-        gr.update(maximum=max(1, n - 1), value=max(0, sel), interactive=n > 1),
+        gr.update(maximum=max(1, n - 1), value=max(0, selected), interactive=n > 1),
         gr.update(choices=choices, value=pending.winner if pending is not None else None,
                   interactive=bool(choices)),
         status,
