@@ -1,14 +1,13 @@
-"""Proposal strategies: a confident model's greedy span, diverse exploration, and the beam ablation."""
+"""Proposal strategies: a confident model's greedy span, diverse exploration, beam search, a sampled word."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from .session import ModelSession
-from .words import word_end
-
-CONTINUE, BOUNDARY, STRADDLE, END = "continue", "boundary", "straddle", "end"
+from .view import ModelView
+from .writer import BOUNDARY, END, FULL, STRADDLE, Word, best_token, margin, sample_token
 
 
 @dataclass
@@ -22,178 +21,164 @@ class Proposal:
     clean: bool = True       # False when a token straddled the word boundary (text was cut inside it)
 
 
-def margin(logprobs: torch.Tensor) -> float:
-    """Δ = p(top1) − p(top2) of a (V,) log-prob vector."""
-    top = torch.topk(logprobs, 2).values.exp()
-    return float(top[0] - top[1])
+def _from_words(words: list[Word]) -> Proposal:
+    last = words[-1]
+    return Proposal(text="".join(w.text for w in words), eos=last.eos, tokens=[t for w in words for t in w.tokens],
+                    logprobs=[lp for w in words for lp in w.logprobs], words=sum(w.counts for w in words),
+                    clean=last.clean)
 
 
-def end_logprob(s: ModelSession, logprobs: torch.Tensor) -> float:
-    """log p(the answer ends here): all of the model's end tokens together."""
-    ids = s.end_index
-    return float(torch.logsumexp(logprobs[ids], dim=0)) if ids.numel() else float("-inf")
-
-
-def classify(s: ModelSession, context: list[int], word: list[int], token: int) -> tuple[str, str]:
-    """What `token` does to the word `word` (tokens after `context`): continue it, end it before itself
-    (BOUNDARY: the token begins the next word), cut inside itself (STRADDLE), or end the answer (END).
-    Returns (status, text of the word including what `token` adds, cut at the boundary)."""
-    if token in s.lm.end_ids:
-        return END, s.decode_after(context, word)
-    before = s.decode_after(context, word) if word else ""
-    full = s.decode_after(context, word + [token])
-    cut = word_end(full)
-    if cut is None:
-        return CONTINUE, full
-    if cut == len(before) and full.startswith(before):
-        return BOUNDARY, before
-    return STRADDLE, full[:cut]
-
-
-def greedy_span(s: ModelSession, max_words: int, tau: float | None, max_word_tokens: int) -> tuple[Proposal, list[float]]:
-    """Greedy words while the margin at each word start stays >= tau (tau None: always), at most max_words.
-    Tokens are fed on the live cache so a winning span costs nothing more to commit."""
+def greedy_span(s: ModelView, max_words: int, tau: float | None, max_word_tokens: int,
+                choose: Callable[[ModelView, torch.Tensor], int] = best_token) -> tuple[Proposal, list[float]]:
+    """Words chosen token by token (greedily by default) while the margin at each word start stays >= tau (tau None:
+    always), at most max_words. Tokens are fed on the live state so a winning span costs nothing more to commit."""
     s.rewind()
     lp = s.next_logprobs
     margins = [margin(lp)]
-    tokens: list[int] = []
-    logps: list[float] = []
-    word: list[int] = []
-    text, words = "", 0
+    words: list[Word] = []
+    context = list(s.ids)
+    t = choose(s, lp)
     while True:
-        t = int(lp.argmax())
-        status, piece = classify(s, s.ids + tokens[: len(tokens) - len(word)], word, t)
-        if status == END:
-            return Proposal(text + piece, True, tokens + [t], logps + [end_logprob(s, lp)], words + bool(word)), margins
-        if status == STRADDLE:
-            return Proposal(text + piece, False, tokens + [t], logps + [float(lp[t])], words + 1, clean=False), margins
-        if status == BOUNDARY:
-            text, words, word = text + piece, words + 1, []
-            if words >= max_words:
-                break
-            margins.append(margin(lp))
-            if tau is not None and margins[-1] < tau:
-                break
-        tokens.append(t)
-        logps.append(float(lp[t]))
-        word.append(t)
-        lp = s.extend(t)
-        if len(word) >= max_word_tokens:  # forced word end: text without spaces still moves
-            text += s.decode_after(s.ids + tokens[: len(tokens) - len(word)], word)
-            words, word = words + 1, []
-            if words >= max_words:
-                break
-            margins.append(margin(lp))
-            if tau is not None and margins[-1] < tau:
-                break
-    return Proposal(text, False, tokens, logps, words), margins
+        w = Word(s, context, max_word_tokens)
+        while w.offer(t, lp):
+            lp = s.extend(t)
+            t = choose(s, lp)
+        words.append(w)
+        context = context + w.tokens
+        if w.status in (END, STRADDLE) or sum(x.counts for x in words) >= max_words:
+            break
+        if w.status == FULL:  # the word's last token is taken: feed it, then choose the next word's first token
+            lp = s.extend(t)
+            t = choose(s, lp)
+        margins.append(margin(lp))
+        if tau is not None and margins[-1] < tau:
+            break
+    return _from_words(words), margins
 
 
-def _first_tokens(s: ModelSession, lp: torch.Tensor, count: int, top_k: int, distinct: bool) -> list[int]:
-    """The highest-probability first tokens; with `distinct`, the first `count` whose surface forms differ
-    (decoded text stripped of whitespace; empty and non-end special tokens skipped)."""
+def first_tokens(s: ModelView, lp: torch.Tensor, count: int, top_k: int, distinct: bool) -> list[int]:
+    """The highest-probability first tokens; with `distinct`, the first `count` whose surface forms differ (decoded
+    text stripped of whitespace; a token that is part of a character counts by its own bytes, not as '�'; empty
+    and special non-end tokens skipped)."""
     chosen, seen = [], set()
-    special = set(getattr(s.lm.tokenizer, "all_special_ids", []))
     for t in torch.topk(lp, min(top_k, lp.numel())).indices.tolist():
-        if t in s.lm.end_ids:
+        if t in s.end_ids:
             key = "<end>"
         else:
-            if t in special:
+            if t in s.banned_ids:
                 continue
             txt = s.decode_after(s.ids, [t])
             if txt == "":
                 continue
-            key = txt.strip() or txt
+            key = ("bytes", t) if "\ufffd" in txt else (txt.strip() or txt)
         if distinct and key in seen:
             continue
         seen.add(key)
         chosen.append(t)
         if len(chosen) == count:
             break
-    return chosen or [int(lp.argmax())]
+    return chosen or [best_token(s, lp)]
 
 
-def explore(s: ModelSession, branches: int, top_k: int, max_word_tokens: int) -> list[Proposal]:
+def explore(s: ModelView, branches: int, top_k: int, max_word_tokens: int) -> list[Proposal]:
     """B distinct first tokens, each extended greedily into one complete word, all branches batched."""
     s.rewind()
     lp = s.next_logprobs
-    done: list[Proposal] = []
-    rows: list[tuple[list[int], list[float]]] = []
-    for t in _first_tokens(s, lp, branches, top_k, distinct=True):
-        status, piece = classify(s, s.ids, [], t)
-        if status == END:
-            done.append(Proposal("", True, [t], [end_logprob(s, lp)], 0))
-        elif status == STRADDLE:
-            done.append(Proposal(piece, False, [t], [float(lp[t])], 1, clean=False))
-        else:
-            rows.append(([t], [float(lp[t])]))
-    cache = s.expanded_cache(len(s.ids), len(rows)) if rows else None
+    done: list[Word] = []
+    rows: list[Word] = []
+    for t in first_tokens(s, lp, branches, top_k, distinct=True):
+        w = Word(s, list(s.ids), max_word_tokens)
+        (rows if w.offer(t, lp) else done).append(w)
+    branch = s.branch(len(rows)) if rows else None
     while rows:
-        if len(rows[0][0]) >= max_word_tokens:
-            done.extend(Proposal(s.decode_after(s.ids, toks), False, toks, lps, 1) for toks, lps in rows)
-            break
-        logp = s.run(cache, [[toks[-1]] for toks, _ in rows])[:, -1]  # (N, V)
+        logp = branch.step([w.tokens[-1] for w in rows])  # (N, V)
         keep = []
-        for i, (toks, lps) in enumerate(rows):
-            t = int(logp[i].argmax())
-            status, piece = classify(s, s.ids, toks, t)
-            if status == CONTINUE:
-                rows[i] = (toks + [t], lps + [float(logp[i, t])])
+        for i, w in enumerate(rows):
+            if w.offer(best_token(s, logp[i]), logp[i]):
                 keep.append(i)
-            elif status == BOUNDARY:
-                done.append(Proposal(piece, False, toks, lps, 1))
-                s.remember(toks, cache, i, len(s.ids), logp[i])
-            elif status == END:
-                done.append(Proposal(piece, True, toks + [t], lps + [end_logprob(s, logp[i])], 1))
-            else:
-                done.append(Proposal(piece, False, toks + [t], lps + [float(logp[i, t])], 1, clean=False))
+                continue
+            done.append(w)
+            if w.status == BOUNDARY:  # this row's state is exactly the word: a commit can adopt it
+                branch.remember(i, w.tokens, logp[i])
         if len(keep) < len(rows):
             rows = [rows[i] for i in keep]
             if rows:
-                cache.batch_select_indices(torch.tensor(keep, device=s.lm.device))
-    return done
+                branch.keep(keep)
+    return [_from_words([w]) for w in done]
 
 
-def beam(s: ModelSession, width: int, max_word_tokens: int) -> list[Proposal]:
-    """The paper's ablation without diversity: beam search of width B over one word."""
+def beam(s: ModelView, width: int, top_k: int, max_word_tokens: int) -> list[Proposal]:
+    """Beam search of width B over one word (the paper's ablation without diversity).
+
+    A hypothesis is a partial word with the sum of its tokens' log-probs. At each step it may finish: its word ends
+    (log p of every token that starts a new word, together) or the answer ends (every end token together); or grow by
+    one of its best tokens. The B best growths stay active. Finished words are kept by text (a duplicate keeps its
+    best score and does not count towards B); the search stops when no active hypothesis can beat the B-th finished
+    word, and returns the B best distinct words (fewer only if fewer exist)."""
     s.rewind()
-    lp = s.next_logprobs
-    finished: list[tuple[float, Proposal]] = []
-    active: list[tuple[float, list[int], list[float]]] = []
+    starts_ws = _starts_with_space(s)
+    finished: dict[tuple[str, bool], tuple[float, Word]] = {}
 
-    def expand(score, toks, lps, logp_row, out):
-        for t in torch.topk(logp_row, width).indices.tolist():
-            status, piece = classify(s, s.ids, toks, t)
-            lt = float(logp_row[t])
-            if status == CONTINUE:
-                out.append((score + lt, toks + [t], lps + [lt]))
-            elif status == BOUNDARY:
-                finished.append((score, Proposal(piece, False, toks, lps, 1)))
-            elif status == END:
-                e = end_logprob(s, logp_row)
-                finished.append((score + e, Proposal(piece, True, toks + [t], lps + [e], int(bool(toks)))))
-            else:
-                finished.append((score + lt, Proposal(piece, False, toks + [t], lps + [lt], 1, clean=False)))
+    def finish(score: float, w: Word) -> None:
+        key = (w.text, w.eos)
+        if key not in finished or score > finished[key][0]:
+            finished[key] = (score, w)
 
-    expand(0.0, [], [], lp, active)
-    active = sorted(active, key=lambda a: -a[0])[:width]
-    cache = s.expanded_cache(len(s.ids), len(active)) if active else None
-    while active and len(finished) < width:
-        if len(active[0][1]) >= max_word_tokens:
-            finished.extend((sc, Proposal(s.decode_after(s.ids, toks), False, toks, lps, 1)) for sc, toks, lps in active)
-            break
-        logp = s.run(cache, [[toks[-1]] for _, toks, _ in active])[:, -1]  # (N, V)
-        grown: list[tuple[float, list[int], list[float], int]] = []
-        for i, (sc, toks, lps) in enumerate(active):
-            out: list = []
-            expand(sc, toks, lps, logp[i], out)
-            grown.extend((a, b, c, i) for a, b, c in out)
+    def bar() -> float:  # the B-th best finished score
+        scores = sorted((sc for sc, _ in finished.values()), reverse=True)
+        return scores[width - 1] if len(scores) >= width else float("-inf")
+
+    active: list[tuple[float, Word]] = [(0.0, Word(s, list(s.ids), max_word_tokens))]
+    dists = s.next_logprobs.unsqueeze(0)  # (N, V)
+    branch = None
+    while active:
+        grown: list[tuple[float, Word, int]] = []
+        for i, (score, w) in enumerate(active):
+            lp = dists[i]
+            if w.has_text:  # the word may end here: any token that starts a new word
+                ended = w.copy()
+                ended.status = BOUNDARY
+                finish(score + float(torch.logsumexp(lp[starts_ws], dim=0)), ended)
+            if s.end_ids:  # the answer may end here: every end token together
+                ending = w.copy()
+                ending.offer(min(s.end_ids), lp)
+                finish(score + ending.logprobs[-1], ending)
+            for t in torch.topk(lp, min(top_k, lp.numel())).indices.tolist():
+                if t in s.end_ids or t in s.banned_ids:
+                    continue
+                nxt = w.copy()
+                lt = float(lp[t])
+                if nxt.offer(t, lp):
+                    grown.append((score + lt, nxt, i))
+                elif nxt.took:  # a token straddling the boundary, or the word's token cap
+                    finish(score + lt, nxt)
+                if sum(1 for g in grown if g[2] == i) >= width:
+                    break
         grown.sort(key=lambda g: -g[0])
         grown = grown[:width]
-        if grown:
-            cache.batch_select_indices(torch.tensor([g[3] for g in grown], device=s.lm.device))
-        active = [(a, b, c) for a, b, c, _ in grown]
-    unique: dict[tuple[str, bool], tuple[float, Proposal]] = {}
-    for sc, p in sorted(finished, key=lambda f: -f[0]):
-        unique.setdefault((p.text, p.eos), (sc, p))
-    return [p for _, p in list(unique.values())[:width]]
+        if not grown or grown[0][0] <= bar():
+            break
+        parents = [g[2] for g in grown]
+        if branch is None:
+            branch = s.branch(len(grown))
+        else:
+            branch.keep(parents)
+        active = [(sc, w) for sc, w, _ in grown]
+        dists = branch.step([w.tokens[-1] for _, w in active])  # (N, V)
+    ranked = sorted(finished.values(), key=lambda f: -f[0])[:width]
+    return [_from_words([w]) for _, w in ranked]
+
+
+def _starts_with_space(s: ModelView) -> torch.Tensor:
+    """Ids of the tokens whose text starts with whitespace (they begin a new word), built once per view."""
+    cache = s.__dict__.setdefault("_index_cache", {})
+    if "starts_ws" not in cache:
+        ids = [t for t, txt in enumerate(s.vocab_texts()) if txt[:1].isspace() and t not in s.banned_ids]
+        cache["starts_ws"] = torch.tensor(ids, dtype=torch.long, device=s.next_logprobs.device)
+    return cache["starts_ws"]
+
+
+def sample_word(s: ModelView, temperature: float, generator: torch.Generator, max_word_tokens: int) -> Proposal:
+    """One word drawn token by token from the model (temperature 0: greedy), on the live state."""
+    p, _ = greedy_span(s, 1, None, max_word_tokens, lambda v, lp: sample_token(v, lp, temperature, generator))
+    return p

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", help="cuda, cuda:1, cpu ... (default: CUDA if present)")
     run.add_argument("--debug", action="store_true", help="show full stack traces on errors")
 
-    from .tasks import DEFAULT_DATA, TASKS
+    from .harness.tasks import DEFAULT_DATA, TASKS
     ev = sub.add_parser("eval", help="evaluate methods on a benchmark task", epilog=EPILOG,
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ev.add_argument("--task", required=True, choices=list(TASKS), help="benchmark task")
@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_eval(args) -> int:
-    from .evaluate import evaluate, parse_methods, write_summary
-    from .tasks import TASKS
+    from .harness.evaluate import evaluate, parse_methods, write_summary
+    from .harness.tasks import TASKS
     if args.limit is not None and args.limit < 1:
         from .errors import ConfigError
         raise ConfigError(f"--limit {args.limit} is invalid: use 1 or more")

@@ -32,7 +32,7 @@ class DecodeConfig:
     mode: str = "raw"
     # "adafuse" | "beam" (= adafuse, diversity off) | "fixed-span" (every model proposes n words) | "greedy" (one
     # model) | "token-union" (UniTE-style: union of top-k next tokens by text, averaged probabilities) | "mixture"
-    # (each word written by one model drawn at random)
+    # (word-level ME: each word written by one model drawn at random, no scoring)
     method: str = "adafuse"
     # n for method "fixed-span"
     span_words: int = 1
@@ -44,6 +44,8 @@ class DecodeConfig:
     union_top_k: int = 5
     # random seed for method "mixture" (models are drawn with equal weight unless `weights` is given)
     seed: int = 0
+    # method "mixture": the drawn model samples its word at this temperature (0: greedily)
+    temperature: float = 1.0
     # per-model weights for method "mixture" (empty: equal)
     weights: tuple[float, ...] = ()
 
@@ -60,6 +62,9 @@ class DecodeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise bad(name, value, f"use a whole number from {low} to {high}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not 0.0 <= self.temperature <= 10.0:
+            raise bad("temperature", self.temperature, "use a number from 0 (greedy) to 10")
         if self.mode not in MODES:
             raise bad("mode", self.mode, f"use one of {', '.join(MODES)}")
         if self.method not in METHODS:

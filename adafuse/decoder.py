@@ -1,30 +1,22 @@
 """The round loop: sessions -> proposals -> pool -> scores -> choice -> trace."""
 from __future__ import annotations
 
-import math
-import random
 import time
 from dataclasses import replace
 from typing import Iterator, Sequence
 
-import torch
-
-from .candidates import Proposal, beam, end_logprob, explore, greedy_span, margin
+from .candidates import Proposal
 from .config import DecodeConfig
 from .errors import ConfigError, PromptError
 from .loading import LoadedModel, get_model
+from .methods import METHODS
 from .scoring import score_candidates
-from .session import ModelSession
+from .session import LocalSession
 from .trace import Candidate, ModelStep, Round, Trace
+from .view import ModelView
 from .words import count_words, find_stop
 
 MAX_MODELS = 4
-
-
-def _validate_prompt(prompt) -> str:
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise PromptError("the prompt is empty: type a question or pick an example")
-    return prompt
 
 
 class Decoding:
@@ -35,8 +27,10 @@ class Decoding:
         self.config = config
         self.models = list(models)
         self.names = _unique_names(self.models)
+        self.method = METHODS[config.method]
+        _validate(self.models, config, prompt)  # every check before any model prefills
         t0 = time.perf_counter()
-        self.sessions = [ModelSession(lm, _validate_prompt(prompt), config.mode) for lm in self.models]
+        self.sessions: list[ModelView] = [LocalSession(lm, prompt, config.mode) for lm in self.models]
         self.trace = Trace(
             prompt=prompt, models=self.names, settings=config.to_dict(),
             prompt_modes={n: s.mode_used for n, s in zip(self.names, self.sessions)},
@@ -46,11 +40,10 @@ class Decoding:
             devices={n: str(lm.device) for n, lm in zip(self.names, self.models)},
             seconds=time.perf_counter() - t0,
         )
+        self.end_strings = sorted({e for lm in self.models for e in lm.end_strings()})
         self.pending: Round | None = None
         self.done = False
-        self.rng = random.Random(config.seed)
-        if config.weights and len(config.weights) != len(self.models):
-            raise ConfigError(f"weights has {len(config.weights)} values for {len(self.models)} models: give one per model")
+        self.method.start(self)
 
     # ---- one round ----
     def propose(self) -> Round:
@@ -59,25 +52,37 @@ class Decoding:
             raise ConfigError("this decode has finished: start a new one")
         if self.pending is not None:
             return self.pending
-        cfg = self.config
         t0 = time.perf_counter()
         before = [s.stats() for s in self.sessions]
-        if cfg.method == "token-union":
-            return self._finish(self._token_union(), before, t0)
-        writer = None
-        if cfg.method == "mixture":
-            writer = self.rng.choices(range(len(self.sessions)), weights=cfg.weights or None)[0]
+        decided = self.method.round(self)
+        if decided is None:
+            decided = self._pool_round()
+        steps, candidates = decided
+        _charge(steps, self.sessions, before)
+        winner = min(range(len(candidates)), key=lambda i: (candidates[i].fused is None, candidates[i].fused or 0.0, i))
+        self.pending = Round(index=len(self.trace.rounds), steps=steps, candidates=candidates, chosen=winner,
+                             winner=winner, text=candidates[winner].text, words=candidates[winner].words,
+                             seconds=time.perf_counter() - t0)
+        return self.pending
+
+    def _pool_round(self) -> tuple[list[ModelStep], list[Candidate]]:
+        """The acting models propose; the pool is the union of their proposals by exact (text, end); every model
+        scores it when the method scores and there is a choice to make."""
+        cfg = self.config
         budget = max(1, cfg.max_new_words - self.trace.words)
+        acting = set(self.method.acting(self))
         keys: dict[tuple[str, bool], int] = {}
         words: list[int] = []
         proposers: list[list[str]] = []
         own: list[dict[int, Proposal]] = [{} for _ in self.sessions]
         steps = []
         for m, (name, s) in enumerate(zip(self.names, self.sessions)):
-            if writer is not None and m != writer:
+            if m not in acting:
                 steps.append(ModelStep(model=name, mode="idle", margins=[], proposals=[]))
                 continue
-            proposals, mode, margins = self._propose_one(s, budget)
+            if s.text != self.trace.output:  # a lazy method's model catching up on the words it did not see
+                s.commit(self.trace.output)
+            proposals, mode, margins = self.method.propose(self, s, budget)
             indices = []
             for p in proposals:
                 if p.text == "" and not p.eos:
@@ -97,82 +102,17 @@ class Decoding:
         cands = list(keys)
         if not cands:  # nothing but empty text: cannot move
             cands, proposers, words = [("", True)], [[]], [0]
-        nll: list[dict] = [{} for _ in cands]
-        ntok: list[dict] = [{} for _ in cands]
-        strad: list[dict] = [{} for _ in cands]
-        if len(cands) > 1 or cfg.score_single:
+        candidates = [Candidate(text=t, eos=e, proposers=proposers[i], nll={}, n_tokens={}, fused=None,
+                                words=words[i]) for i, (t, e) in enumerate(cands)]
+        if self.method.scores and (len(cands) > 1 or cfg.score_single):
             for m, (name, s) in enumerate(zip(self.names, self.sessions)):
-                for i, sc in enumerate(score_candidates(s, cands, own[m])):
-                    nll[i][name], ntok[i][name], strad[i][name] = sc.nll, sc.n_tokens, sc.straddle
-        fused = [sum(d.values()) / len(d) if d else None for d in nll]
-        candidates = [Candidate(text=t, eos=e, proposers=proposers[i], nll=nll[i], n_tokens=ntok[i], fused=fused[i],
-                                words=words[i], straddle=strad[i]) for i, (t, e) in enumerate(cands)]
-        return self._finish((steps, candidates), before, t0)
-
-    def _finish(self, decided: tuple[list[ModelStep], list[Candidate]], before, t0: float) -> Round:
-        """Pick the winner (argmin fused score, ties to the first) and hold the round as pending."""
-        steps, candidates = decided
-        winner = min(range(len(candidates)),
-                     key=lambda i: (candidates[i].fused if candidates[i].fused is not None else 0.0, i))
-        for step, s, b in zip(steps, self.sessions, before):
-            f, t, sec = s.stats()
-            step.forward_passes, step.tokens_fed, step.seconds = f - b[0], t - b[1], sec - b[2]
-        self.pending = Round(index=len(self.trace.rounds), steps=steps, candidates=candidates, chosen=winner,
-                             winner=winner, text=candidates[winner].text, words=candidates[winner].words,
-                             seconds=time.perf_counter() - t0)
-        return self.pending
-
-    def _token_union(self) -> tuple[list[ModelStep], list[Candidate]]:
-        """UniTE-style step: the union (by decoded text) of every model's top-k next tokens, each scored by the
-        probability every model gives that text as one token (0 if it cannot), averaged over models."""
-        k = self.config.union_top_k
-        texts: dict[tuple[str, bool], list[str]] = {}
-        steps = []
-        for name, s in zip(self.names, self.sessions):
-            s.rewind()
-            mine = []
-            for t in torch.topk(s.next_logprobs, k).indices.tolist():
-                key = ("", True) if t in s.lm.end_ids else (s.decode_after(s.ids, [t]), False)
-                if key[0] == "" and not key[1]:
-                    continue
-                proposers = texts.setdefault(key, [])
-                if name not in proposers:
-                    proposers.append(name)
-                mine.append(list(texts).index(key))
-            steps.append(ModelStep(model=name, mode="token", margins=[margin(s.next_logprobs)], proposals=mine))
-        candidates = []
-        for (text, eos), proposers in texts.items():
-            probs = {name: self._token_prob(s, text, eos) for name, s in zip(self.names, self.sessions)}
-            mean = sum(probs.values()) / len(probs)
-            candidates.append(Candidate(text=text, eos=eos, proposers=proposers,
-                                        nll={n: -math.log(max(p, 1e-30)) for n, p in probs.items()},
-                                        n_tokens={n: 1 if p > 0 else 0 for n, p in probs.items()},
-                                        fused=-math.log(max(mean, 1e-30)), words=count_words(text)))
+                for c, sc in zip(candidates, score_candidates(s, cands, own[m])):
+                    c.nll[name], c.n_tokens[name], c.straddle[name] = sc.nll, sc.n_tokens, sc.straddle
+                    if sc.note:
+                        c.notes[name] = sc.note
+            for c in candidates:
+                c.fused = _fuse(c)
         return steps, candidates
-
-    @staticmethod
-    def _token_prob(s: ModelSession, text: str, eos: bool) -> float:
-        if eos:
-            return math.exp(end_logprob(s, s.next_logprobs))
-        new = s.encode(s.text + text)
-        tail = new[len(s.ids):] if new[: len(s.ids)] == s.ids else []
-        return math.exp(float(s.next_logprobs[tail[0]])) if len(tail) == 1 else 0.0
-
-    def _propose_one(self, s: ModelSession, budget: int) -> tuple[list[Proposal], str, list[float]]:
-        cfg = self.config
-        if cfg.method == "greedy":
-            p, margins = greedy_span(s, 1, None, cfg.max_word_tokens)
-            return [p], "greedy", margins
-        if cfg.method == "fixed-span":
-            p, margins = greedy_span(s, min(cfg.span_words, budget), None, cfg.max_word_tokens)
-            return [p], "span", margins
-        delta = margin(s.next_logprobs)
-        if delta >= cfg.tau:
-            p, margins = greedy_span(s, min(cfg.max_words, budget), cfg.tau, cfg.max_word_tokens)
-            return [p], "commit", margins
-        if cfg.diversity and cfg.method == "adafuse":
-            return explore(s, cfg.branches, cfg.explore_top_k, cfg.max_word_tokens), "explore", [delta]
-        return beam(s, cfg.branches, cfg.max_word_tokens), "beam", [delta]
 
     def commit(self, choice: int | None = None) -> Round:
         """Append the winner (or candidate `choice`, marking the round overridden) and apply stop rules."""
@@ -185,35 +125,37 @@ class Decoding:
         cand = r.candidates[r.chosen]
         old = self.trace.output
         new = old + cand.text
-        longest = max((len(x) for x in cfg.stop), default=0)
-        cut = find_stop(new, cfg.stop, len(old) - longest + 1) if cfg.stop else None
+        stops = cfg.stop + tuple(self.end_strings)
+        longest = max((len(x) for x in stops), default=0)
+        cut = find_stop(new, stops, len(old) - longest + 1) if stops else None
         stop = None
         if cut is not None:
-            new, stop = new[:cut], "stop string"
+            stop = "stop string" if find_stop(new, cfg.stop, cut) == cut else "eos"
+            new = new[:cut]
         elif cand.eos:
             stop = "eos"
         elif cand.text == "":
             stop = "no progress"
-        r.text = new[len(old):]
+        if len(new) < len(old):  # a stop string that began in earlier rounds: their texts lose its start
+            self._trim(len(old) - len(new))
+        r.text = new[len(old):]  # "" when the cut fell into earlier rounds
         if cfg.method == "token-union":  # tokens, not words: count the words the token completes or starts
-            r.words = count_words(new) - count_words(old)
+            r.words = count_words(new) - count_words(old[: len(new)])
         else:
             r.words = cand.words if r.text == cand.text else min(cand.words, count_words(r.text))
         if stop is None and self.trace.words + r.words >= cfg.max_new_words:
             stop = "max_new_words"
         if stop is None:
             before = [s.stats() for s in self.sessions]
-            for s in self.sessions:
+            # a lazy method moves only the models that acted; the others catch up when they next act
+            current = [s for s, st in zip(self.sessions, r.steps) if not self.method.lazy or st.mode != "idle"]
+            for s in current:
                 s.commit(new)
-            for step, s, b in zip(r.steps, self.sessions, before):
-                f, t, sec = s.stats()
-                step.forward_passes += f - b[0]
-                step.tokens_fed += t - b[1]
-                step.seconds += sec - b[2]
-            if max(len(s.ids) - s.prompt_tokens for s in self.sessions) >= cfg.max_new_tokens:
+            _charge(r.steps, self.sessions, before)
+            if max(len(s.ids) - s.prompt_tokens for s in current) >= cfg.max_new_tokens:
                 stop = "max_new_tokens"
             elif any(s.lm.max_positions and len(s.ids) + cfg.max_word_tokens * cfg.max_words >= s.lm.max_positions
-                     for s in self.sessions):
+                     for s in current):
                 stop = "context full"
         r.stop = stop
         r.seconds += time.perf_counter() - t0
@@ -225,6 +167,15 @@ class Decoding:
             self.done = True
             self.trace.stop_reason = stop
         return r
+
+    def _trim(self, excess: int) -> None:
+        """Remove the last `excess` characters of the output from the rounds that wrote them (recorded in `cut`)."""
+        for prev in reversed(self.trace.rounds):
+            if excess <= 0:
+                break
+            take = min(excess, len(prev.text))
+            prev.text, prev.cut, excess = prev.text[: len(prev.text) - take], prev.cut + take, excess - take
+            prev.words = min(prev.words, count_words(prev.text))
 
     def step(self) -> Round:
         return self.commit()
@@ -239,6 +190,34 @@ class Decoding:
     def __iter__(self) -> Iterator[Round]:
         while not self.done:
             yield self.step()
+
+
+def _fuse(c: Candidate) -> float | None:
+    """Mean NLL over the models that scored the candidate; None (ranked last) when a model gives it probability 0."""
+    if any(v is None and c.notes.get(m, "").startswith("probability 0") for m, v in c.nll.items()):
+        return None
+    vals = [v for v in c.nll.values() if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _charge(steps: list[ModelStep], sessions: Sequence[ModelView], before: list[tuple[int, int, float]]) -> None:
+    """Add each model's forward passes, tokens fed and seconds since `before` to its step (the one place costs are
+    counted)."""
+    for step, s, b in zip(steps, sessions, before):
+        f, t, sec = s.stats()
+        step.forward_passes += f - b[0]
+        step.tokens_fed += t - b[1]
+        step.seconds += sec - b[2]
+
+
+def _validate(models: Sequence[LoadedModel], config: DecodeConfig, prompt) -> None:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise PromptError("the prompt is empty: type a question or pick an example")
+    if config.weights and len(config.weights) != len(models):
+        raise ConfigError(f"weights has {len(config.weights)} values for {len(models)} models: give one per model")
+    vocab = min(lm.vocab_size for lm in models)
+    if config.method == "token-union" and config.union_top_k > vocab:
+        raise ConfigError(f"union_top_k={config.union_top_k} is larger than a model's vocabulary ({vocab}): use fewer")
 
 
 def _unique_names(models: Sequence[LoadedModel]) -> list[str]:

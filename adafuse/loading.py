@@ -38,11 +38,13 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     add_bos: bool                     # prepend BOS to the rendered prompt
-    end_ids: frozenset[int]           # tokens that end the answer (EOS and other special tokens)
+    end_ids: frozenset[int]           # tokens that end the answer: EOS ids and the chat template's end of turn
     max_positions: int | None         # context window, if the config says
     load_seconds: float = 0.0
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    banned_ids: frozenset[int] = frozenset()  # other special tokens: never proposed
+    _texts: list[str] | None = field(default=None, repr=False)
 
     @property
     def device(self) -> torch.device:
@@ -60,6 +62,30 @@ class LoadedModel:
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
 
+    def decode(self, ids: list[int]) -> str:
+        """Token ids to text byte for byte: special tokens kept, no clean-up of spaces before punctuation."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def vocab_texts(self) -> list[str]:
+        """Every token's text as it reads after ordinary text (computed once, in one batch)."""
+        if self._texts is None:
+            tok, size = self.tokenizer, self.vocab_size
+            try:  # an ordinary token before each one keeps its leading space through SentencePiece decoders
+                anchor = tok("a", add_special_tokens=False).input_ids[-1:]
+            except (ValueError, KeyError):  # a vocabulary without "a"
+                anchor = []
+            head = self.decode(anchor)
+            n = min(len(tok), size)
+            full = tok.batch_decode([anchor + [t] for t in range(n)], skip_special_tokens=False,
+                                    clean_up_tokenization_spaces=False)
+            self._texts = [f[len(head):] if f.startswith(head) else self.decode([t]) for t, f in enumerate(full)] \
+                + [""] * (size - n)
+        return self._texts
+
+    def end_strings(self) -> list[str]:
+        """The text of each end token (a span containing one, written as text by another model, is cut there)."""
+        return sorted({self.decode([i]) for i in self.end_ids} - {""})
+
     def describe(self) -> str:
         return f"{self.name} on {self.device} ({str(self.dtype).replace('torch.', '')}), loaded in {self.load_seconds:.1f}s"
 
@@ -72,10 +98,11 @@ class LoadedModel:
             add_bos = _tokenizer_adds_bos(tokenizer)
         if end_ids is None:
             end_ids = _end_ids(model, tokenizer)
+        end = frozenset(i for i in end_ids if i is not None and i >= 0)
         cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-        return cls(name=name, model=model, tokenizer=tokenizer, add_bos=add_bos,
-                   end_ids=frozenset(i for i in end_ids if i is not None and i >= 0),
-                   max_positions=getattr(cfg, "max_position_embeddings", None), source=source)
+        return cls(name=name, model=model, tokenizer=tokenizer, add_bos=add_bos, end_ids=end,
+                   max_positions=getattr(cfg, "max_position_embeddings", None), source=source,
+                   banned_ids=frozenset(_special_ids(model, tokenizer) - end))
 
 
 def cache_root() -> Path:
@@ -99,14 +126,31 @@ def _tokenizer_adds_bos(tokenizer) -> bool:
     return bool(ids) and ids[0] == bos
 
 
-def _end_ids(model, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
-    ids.add(getattr(tokenizer, "eos_token_id", None))
+def _special_ids(model, tokenizer) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
     for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
         if getattr(tok, "special", False):
             ids.add(i)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return {i for i in ids if i is not None and 0 <= i < vocab}
+
+
+_END_OF_TURN = re.compile(r"end|eot", re.IGNORECASE)
+
+
+def _end_ids(model, tokenizer) -> set[int]:
+    """The model's EOS set: generation config EOS ids, the tokenizer's EOS, and the special tokens its chat template
+    closes a turn with (`<|im_end|>`, `<end_of_turn>`, `<|eot_id|>`). Other special tokens never end the answer."""
+    ids: set = set()
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    ids.add(getattr(tokenizer, "eos_token_id", None))
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
+            content = getattr(tok, "content", "")
+            if getattr(tok, "special", False) and content and content in template and _END_OF_TURN.search(content):
+                ids.add(i)
     ids.discard(None)
     vocab = model.get_output_embeddings().weight.shape[0]
     return {i for i in ids if 0 <= i < vocab}
@@ -172,14 +216,11 @@ def _convert_gguf(path: Path, target: Path) -> None:
     for obj in (model, model.config):
         if hasattr(obj, "quantization_config"):
             delattr(obj, "quantization_config")
-    end = _end_ids(model, tokenizer)
-    if meta["eos"] is not None:
-        end.add(int(meta["eos"]))
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / _META).write_text(json.dumps({"source": str(path), "add_bos": meta["add_bos"], "end_ids": sorted(end),
+    (tmp / _META).write_text(json.dumps({"source": str(path), "add_bos": meta["add_bos"],
                                          "fast_tokenizer": meta["model"] == "llama"}))
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
@@ -267,8 +308,7 @@ def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | 
         raise ModelNotFoundError(f"unknown model {name!r}: use a bundled name ({', '.join(BUNDLED)}), a Hugging Face "
                                  "id such as meta-llama/Llama-3.1-8B-Instruct, a local folder or a .gguf file")
     model.eval()
-    lm = LoadedModel.from_objects(name, model, tokenizer, add_bos=meta.get("add_bos"),
-                                  end_ids=meta.get("end_ids"), source=source)
+    lm = LoadedModel.from_objects(name, model, tokenizer, add_bos=meta.get("add_bos"), source=source)
     lm.load_seconds = time.perf_counter() - start
     lm.notes = notes
     return lm

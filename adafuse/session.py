@@ -1,4 +1,4 @@
-"""One model's view of a decode: rendered prompt, committed text, token ids and KV cache."""
+"""A local model's view of a decode: rendered prompt, committed text, token ids and KV cache (a `ModelView`)."""
 from __future__ import annotations
 
 import threading
@@ -10,14 +10,19 @@ from transformers import DynamicCache
 
 from .errors import PromptError
 from .loading import LoadedModel
-from .words import common_prefix
+from .view import Branch, ModelView
+from .words import common_prefix, word_starts
 
 # Largest logits block (rows × positions × vocab floats) computed in one forward while scoring.
 MAX_LOGIT_FLOATS = 48_000_000
+# Re-anchor the tokenization once the text after the anchor is this many tokens long.
+ANCHOR_EVERY = 48
 
 
 def copy_cache(cache: DynamicCache, length: int, rows: int = 1) -> DynamicCache:
     """A new cache holding the first `length` positions of row 0 of `cache`, repeated `rows` times."""
+    if length == 0:
+        return DynamicCache()
     data = []
     for layer in cache.layers:
         k = layer.keys[:1, :, :length]  # (1, H, length, D)
@@ -70,27 +75,50 @@ def render_prompt(lm: LoadedModel, prompt: str, mode: str) -> tuple[str, str]:
     return prompt, "raw"
 
 
-class ModelSession:
-    """Token ids and KV cache of `render(prompt) + y` for one model.
+class LocalBranch(Branch):
+    """Rows on a side cache copied from the committed prefix; the live cache is never touched."""
+
+    def __init__(self, s: "LocalSession", rows: int):
+        self.s, self.start = s, len(s.ids)
+        self.cache = copy_cache(s.cache, self.start, rows)
+
+    def step(self, tokens: list[int]) -> torch.Tensor:
+        return self.s.run(self.cache, [[t] for t in tokens])[:, -1]  # (N, V)
+
+    def keep(self, rows: list[int]) -> None:
+        self.cache.batch_select_indices(torch.tensor(rows, device=self.s.lm.device))
+
+    def remember(self, row: int, tokens: list[int], logprobs: torch.Tensor) -> None:
+        self.s.remember(tokens, self.cache, row, self.start, logprobs)
+
+
+class LocalSession(ModelView):
+    """Token ids and KV cache of `render(prompt) + y` for one local model.
 
     Invariants: the cache holds `cached_ids` (the committed `ids`, possibly followed by speculative
     tokens of this model's own greedy proposal); `next_logprobs` is the next-token distribution after
-    `ids`, `end_logprobs` the one after `cached_ids`.
+    `ids`, `end_logprobs` the one after `cached_ids`. `encode` tokenizes from an anchor: `ids[:anchor_tok]`
+    are the tokens of the first `anchor_char` characters of the text, and tokenizing the rest alone gives
+    the rest (checked against a full tokenization whenever the anchor moves).
     """
 
     def __init__(self, lm: LoadedModel, prompt: str, mode: str = "raw"):
         self.lm = lm
+        self.name = lm.name
+        self.end_ids, self.banned_ids = lm.end_ids, lm.banned_ids
         self.prefix_text, self.mode_used = render_prompt(lm, prompt, mode)
         self.text = ""
         self.forward_passes = 0
         self.tokens_fed = 0
         self.seconds = 0.0
+        self.tokenizer_seconds = 0.0
+        self.anchor_char, self.anchor_tok = 0, 0
         self.ids = self.encode("")
         self.prompt_tokens = len(self.ids)
         if lm.max_positions and self.prompt_tokens >= lm.max_positions:
             raise PromptError(f"the prompt is {self.prompt_tokens} tokens for {lm.name}, whose context holds "
                               f"{lm.max_positions}: shorten it (fewer few-shot examples)")
-        self.end_index = torch.tensor(sorted(lm.end_ids), dtype=torch.long, device=lm.device)  # (E,)
+        self._move_anchor()
         # full layers only: sliding-window layers could not be cropped
         self.cache, reused = PREFIXES.lookup(lm, self.ids)
         self.cached_ids = self.ids[:reused]
@@ -102,20 +130,63 @@ class ModelSession:
         PREFIXES.store(lm, self.ids, self.cache)
 
     # ---- tokenization ----
+    def _tokenize(self, text: str) -> list[int]:
+        return self.lm.tokenizer(text, add_special_tokens=False).input_ids
+
+    def _full(self, y: str) -> list[int]:
+        ids = self._tokenize(self.prefix_text + y)
+        return [self.lm.tokenizer.bos_token_id] + ids if self.lm.add_bos else ids
+
     def encode(self, y: str) -> list[int]:
-        """Token ids of render(prompt) + y, tokenized jointly as a fresh encoding would."""
-        ids = self.lm.tokenizer(self.prefix_text + y, add_special_tokens=False).input_ids
-        if self.lm.add_bos:
-            ids = [self.lm.tokenizer.bos_token_id] + ids
+        """Token ids of render(prompt) + y, tokenized jointly as a fresh encoding would (from the anchor)."""
+        t0 = time.perf_counter()
+        full_len = len(self.prefix_text)
+        a = self.anchor_char - full_len  # the anchor's position inside y (negative: inside the prompt)
+        if self.anchor_tok and a >= 0 and y.startswith(self.text[:a]) and len(y) >= a:
+            ids = self.ids[: self.anchor_tok] + self._tokenize(y[a:])
+        elif self.anchor_tok and a < 0:
+            ids = self.ids[: self.anchor_tok] + self._tokenize(self.prefix_text[self.anchor_char:] + y)
+        else:
+            ids = self._full(y)
+        self.tokenizer_seconds += time.perf_counter() - t0
         return ids
 
+    def _move_anchor(self) -> None:
+        """Put the anchor at the start of a committed word that two more words follow, if tokenizing from there
+        reproduces the full tokenization; else keep the old one."""
+        if len(self.ids) - self.anchor_tok < ANCHOR_EVERY:
+            return
+        t0 = time.perf_counter()
+        full_text = self.prefix_text + self.text
+        starts = [i for i in word_starts(full_text) if i > self.anchor_char]
+        if len(starts) >= 3:
+            a = starts[-3]
+            enc = self.lm.tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
+            shift = 1 if self.lm.add_bos else 0
+            k = next((j for j, (lo, _) in enumerate(enc.offset_mapping) if lo >= a), None)
+            full = ([self.lm.tokenizer.bos_token_id] if shift else []) + enc.input_ids
+            if full != self.ids:  # never seen; if it were, a full tokenization from here on repairs it
+                self.anchor_char, self.anchor_tok = 0, 0
+            elif k is not None and k > 0 and enc.offset_mapping[k][0] == a and enc.offset_mapping[k - 1][1] <= a:
+                if full[: k + shift] + self._tokenize(full_text[a:]) == full:
+                    self.anchor_char, self.anchor_tok = a, k + shift
+        self.tokenizer_seconds += time.perf_counter() - t0
+
+    def decode(self, ids: list[int]) -> str:
+        return self.lm.decode(ids)
+
     def decode_after(self, context: list[int], new: list[int]) -> str:
-        """Text that tokens `new` add after `context` (anchored so leading spaces survive)."""
-        anchor = context[-4:]
-        tok = self.lm.tokenizer
-        head = tok.decode(anchor, skip_special_tokens=False) if anchor else ""
-        full = tok.decode(anchor + new, skip_special_tokens=False)
-        return full[len(head):] if full.startswith(head) else tok.decode(new, skip_special_tokens=False)
+        """Text that tokens `new` add after `context` (anchored so leading spaces survive; no clean-up)."""
+        n = min(4, len(context))
+        head = self.decode(context[len(context) - n:]) if n else ""
+        while n < min(len(context), 12) and head.startswith("\ufffd"):  # the anchor began inside a character
+            n += 1
+            head = self.decode(context[len(context) - n:])
+        full = self.decode(context[len(context) - n:] + new)
+        return full[len(head):] if full.startswith(head) else self.decode(new)
+
+    def vocab_texts(self) -> list[str]:
+        return self.lm.vocab_texts()
 
     # ---- forward passes ----
     @torch.inference_mode()
@@ -132,12 +203,10 @@ class ModelSession:
         return torch.log_softmax(out.logits[0].float(), dim=-1)  # (T, V)
 
     def extend(self, token: int) -> torch.Tensor:
-        """Speculatively feed one token of this model's own proposal; returns the next (V,) log-probs."""
         self.end_logprobs = self._feed([token])[-1]
         return self.end_logprobs
 
     def rewind(self) -> None:
-        """Drop speculative tokens so the cache holds exactly the committed ids."""
         if len(self.cached_ids) > len(self.ids):
             self.cache.crop(len(self.ids))
             self.cached_ids = self.cached_ids[: len(self.ids)]
@@ -166,6 +235,7 @@ class ModelSession:
         self.ids = new
         self.text = y
         self.adoptable = {}
+        self._move_anchor()
 
     def remember(self, tokens: list[int], cache: DynamicCache, row: int, start: int, logprobs: torch.Tensor) -> None:
         """Keep the KV of `tokens` (fed after ids[:start] in `row` of a side cache) for a later commit."""
@@ -176,27 +246,25 @@ class ModelSession:
                                            layer.values[row: row + 1, :, start:end].clone())
                                           for layer in cache.layers], logprobs)
 
+    def branch(self, rows: int) -> LocalBranch:
+        return LocalBranch(self, rows)
+
     @torch.inference_mode()
-    def batch_forward(self, start: int, rows: list[list[int]], remember: list[bool] | None = None) -> list[torch.Tensor]:
-        """Feed `rows` (ragged) in one batch on top of the committed prefix ids[:start], without touching
-        the live cache. Returns per row a (len(row), V) tensor of next-token log-probs. Rows flagged in
-        `remember` are kept for `commit` (see `remember`)."""
+    def score_rows(self, start: int, rows: list[list[int]], remember: list[bool]) -> list[torch.Tensor]:
         if not rows:
             return []
-        assert 0 < start <= len(self.ids) and all(rows)
-        vocab = self.lm.vocab_size
+        assert 0 <= start <= len(self.ids) and all(rows)
         longest = max(len(r) for r in rows)
-        chunk = max(1, MAX_LOGIT_FLOATS // (longest * vocab))
+        chunk = max(1, MAX_LOGIT_FLOATS // (longest * self.lm.vocab_size))
         out: list[torch.Tensor] = []
-        flags = remember or [False] * len(rows)
         for lo in range(0, len(rows), chunk):
-            out.extend(self._batch_chunk(start, rows[lo: lo + chunk], flags[lo: lo + chunk]))
+            out.extend(self._score_chunk(start, rows[lo: lo + chunk], remember[lo: lo + chunk]))
         return out
 
-    def _batch_chunk(self, start: int, rows: list[list[int]], flags: list[bool]) -> list[torch.Tensor]:
+    def _score_chunk(self, start: int, rows: list[list[int]], flags: list[bool]) -> list[torch.Tensor]:
         n, width = len(rows), max(len(r) for r in rows)
         pad = rows[0][0]
-        cache = self.expanded_cache(start, n)
+        cache = copy_cache(self.cache, start, n)
         # Right padding: causal attention keeps every real position blind to the pads after it.
         logp = self.run(cache, [r + [pad] * (width - len(r)) for r in rows])  # (N, T, V)
         for i, r in enumerate(rows):
@@ -214,10 +282,6 @@ class ModelSession:
         self.tokens_fed += input_ids.numel()
         self.seconds += time.perf_counter() - t0
         return torch.log_softmax(logits.float(), dim=-1)
-
-    def expanded_cache(self, start: int, n: int) -> DynamicCache:
-        """A new cache holding ids[:start] repeated `n` times along the batch (the live cache is untouched)."""
-        return copy_cache(self.cache, start, n)
 
     def stats(self) -> tuple[int, int, float]:
         return self.forward_passes, self.tokens_fed, self.seconds

@@ -33,6 +33,7 @@ class Candidate:
     fused: float | None            # mean NLL over models
     words: int = 0
     straddle: dict[str, bool] = field(default_factory=dict)  # a token crossed the y|c boundary
+    notes: dict[str, str] = field(default_factory=dict)      # per model: why its nll is None
 
 
 @dataclass
@@ -48,13 +49,14 @@ class Round:
     seconds: float
     overridden: bool = False
     stop: str | None = None        # why decoding stopped after this round, if it did
+    cut: int = 0                   # characters later removed from `text` by a stop string that began here
 
     @property
     def kind(self) -> str:
         """"override", "commit" (every model confident) or "explore" (someone explored)."""
         if self.overridden:
             return "override"
-        return "commit" if all(s.mode in ("commit", "greedy", "span", "idle") for s in self.steps) else "explore"
+        return "commit" if all(s.mode in ("commit", "greedy", "span", "idle", "write") for s in self.steps) else "explore"
 
 
 @dataclass
@@ -108,7 +110,8 @@ class Trace:
                              "or the app's export") from exc
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False, indent=1)
+        """Strict JSON (no NaN or Infinity: browsers' JSON.parse rejects them; unscored values are null)."""
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=1, allow_nan=False)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

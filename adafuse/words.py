@@ -29,6 +29,11 @@ def split_words(text: str) -> list[str]:
     return _WORD.findall(text)
 
 
+def word_starts(text: str) -> list[int]:
+    """Start index of every word of `text` (a word starts with its leading whitespace)."""
+    return [m.start() for m in _WORD.finditer(text)]
+
+
 def find_stop(text: str, stops: tuple[str, ...], start: int = 0) -> int | None:
     """Earliest index >= start at which a stop string begins in text, or None."""
     best = None

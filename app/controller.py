@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from adafuse import AdaFuse, DecodeConfig, Decoding, Trace, get_model, greedy
 from adafuse.errors import AdafuseError, ConfigError
-from adafuse.evaluate import parse_methods
+from adafuse.harness.evaluate import parse_methods
 
 # Methods the page can decode side by side with the main one (label -> settings).
 COMPARE_METHODS = {"beam (no diversity)": {"method": "beam"}, "fixed span 1": {"method": "fixed-span", "span_words": 1},
@@ -89,8 +89,8 @@ class Explorer:
 
     def evaluate(self, task_name: str, limit: int, methods, names, base: dict) -> list[dict]:
         """Run a task batch (progress through tqdm) and keep its rows for browsing."""
-        from adafuse.evaluate import evaluate, load_results
-        from adafuse.tasks import TASKS
+        from adafuse.harness.evaluate import evaluate, load_results
+        from adafuse.harness.tasks import TASKS
         if task_name not in TASKS:
             raise ConfigError(f"unknown task {task_name!r}: pick one of {', '.join(TASKS)}")
         if not methods:
@@ -120,7 +120,7 @@ class Explorer:
 
 
 def _correct(row: dict) -> bool:
-    from adafuse.tasks import TASKS
+    from adafuse.harness.tasks import TASKS
     task = TASKS[row["task"]]
     value = row["scores"].get(task.main_metric, 0.0)
     return value >= (50.0 if task.metric == "translation" else 0.5)

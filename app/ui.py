@@ -132,7 +132,7 @@ def build_demo() -> gr.Blocks:
                 gr.Markdown("Run a small batch of a benchmark task (from `../shared/data`) with several methods, then "
                             "open any example's trace in the views above.")
                 with gr.Row():
-                    from adafuse.tasks import TASKS
+                    from adafuse.harness.tasks import TASKS
                     eval_task = gr.Dropdown(list(TASKS), value="triviaqa", label="Task")
                     eval_n = gr.Slider(1, 20, value=3, step=1, label="Examples")
                     eval_methods = gr.CheckboxGroup(list(EVAL_METHODS), value=["adafuse", "greedy"], label="Methods")
@@ -229,7 +229,7 @@ def build_demo() -> gr.Blocks:
 
         def on_eval(ex, task_name, n, methods, names, tau_v, m_v, b_v, progress=gr.Progress(track_tqdm=True)):
             import pandas as pd
-            from adafuse.evaluate import summarize
+            from adafuse.harness.evaluate import summarize
             ex = ex or Explorer()
             try:
                 rows = ex.evaluate(task_name, n, methods, names,

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from adafuse.evaluate import done_keys, write_summary  # noqa: E402
+from adafuse.harness.evaluate import done_keys, write_summary  # noqa: E402
 
 MAIN = ["adafuse", "greedy", "beam", "fixed-span-1", "fixed-span-2", "fixed-span-3", "token-union", "mixture"]
 ABLATIONS = ([f"adafuse[branches={b}]" for b in (1, 2, 4, 5)]

@@ -12,5 +12,5 @@ mkdir -p "$OUT"
 for f in "$OUT"/*.jsonl.gz; do [ -e "$f" ] && [ ! -e "${f%.gz}" ] && gunzip -k "$f"; done
 python experiments/run.py --out "$OUT" --n-qa "${N_QA:-50}" --n-gsm "${N_GSM:-20}" --n-mt "${N_MT:-30}" \
     --workers "${WORKERS:-$(nproc)}"
-python -m adafuse.results "$OUT" docs
+python -m adafuse.harness.results "$OUT" docs
 gzip -nkf "$OUT"/*.jsonl

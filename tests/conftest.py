@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-from adafuse.tasks import DEFAULT_DATA as SHARED  # noqa: E402  ($ADAFUSE_DATA or ../shared/data)
+from adafuse.harness.tasks import DEFAULT_DATA as SHARED  # noqa: E402  ($ADAFUSE_DATA or ../shared/data)
 
 assert (SHARED / "nq" / "prompt.txt").exists(), f"benchmark data not found at {SHARED}: set ADAFUSE_DATA"
 

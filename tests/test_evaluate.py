@@ -7,10 +7,10 @@ import sys
 import pytest
 
 from adafuse.errors import ConfigError
-from adafuse.evaluate import main_metric_table, parse_methods, summarize
-from adafuse.results import paired_difference
-from adafuse.metrics import exact_match, f1, final_number, normalize_answer, number_match
-from adafuse.tasks import TASKS, DataError, read_examples
+from adafuse.harness.evaluate import main_metric_table, parse_methods, summarize
+from adafuse.harness.results import paired_difference
+from adafuse.harness.metrics import exact_match, f1, final_number, normalize_answer, number_match
+from adafuse.harness.tasks import TASKS, DataError, read_examples
 from tests.conftest import ROOT, SHARED
 
 

@@ -38,14 +38,21 @@ class ToyTokenizer:
             i += len(best)
         return ids
 
-    def __call__(self, text: str, add_special_tokens: bool = True):
+    def __call__(self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False):
         ids = self.encode_text(text)
+        offsets, pos = [], 0
+        for i in ids:
+            offsets.append((pos, pos + len(self.tokens[i])))
+            pos += len(self.tokens[i])
         if add_special_tokens and self.bos_token_id is not None:
-            ids = [self.bos_token_id] + ids
-        return SimpleNamespace(input_ids=ids)
+            ids, offsets = [self.bos_token_id] + ids, [(0, 0)] + offsets
+        return SimpleNamespace(input_ids=ids, offset_mapping=offsets if return_offsets_mapping else None)
 
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
         return "".join(self.tokens[i] for i in ids if not (skip_special_tokens and i in self.all_special_ids))
+
+    def batch_decode(self, seqs, **kw) -> list[str]:
+        return [self.decode(ids, **kw) for ids in seqs]
 
 
 class ToyLM(torch.nn.Module):

@@ -6,14 +6,16 @@ import json
 import re
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import DecodeConfig
-from .decoder import AdaFuse
-from .errors import ConfigError
-from .loading import get_model
+from ..config import DecodeConfig
+from ..decoder import AdaFuse
+from ..methods import METHODS
+from ..errors import ConfigError
+from ..loading import get_model
+from .figures import word_shares
 from .metrics import corpus_scores
 from .tasks import DEFAULT_DATA, TASKS, Task, read_examples
 
@@ -52,7 +54,7 @@ def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
         name = m and m.group("name")
         span = re.fullmatch(r"fixed-span-(\d+)", name or "")
         base = "fixed-span" if span else name
-        if not m or base not in ("adafuse", "beam", "token-union", "mixture", "greedy", "fixed-span"):
+        if not m or base not in METHODS:
             raise ConfigError(f"unknown method {spec!r}: use one of {', '.join(BASE_METHODS)}, optionally with "
                               "settings such as adafuse[branches=5,tau=0.5]")
         settings = {"method": base}
@@ -83,6 +85,26 @@ def done_keys(path: Path) -> set[tuple[int, str]]:
     return keys
 
 
+def set_aside_cut_line(path: Path, warn=print) -> Path | None:
+    """A run killed hard (power loss, OOM kill) can leave a half-written last line. Move it to `<file>.cut` (kept,
+    appended) and truncate the results file to its last complete line, so a resumed run redoes that example instead
+    of appending onto the fragment. Returns the side file when something was set aside."""
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return None
+    keep = data.rfind(b"\n") + 1
+    side = path.with_name(path.name + ".cut")
+    with side.open("ab") as fh:
+        fh.write(data[keep:] + b"\n")
+    with path.open("r+b") as fh:
+        fh.truncate(keep)
+    warn(f"{path.name}: the last line was cut off by an interrupted run; set aside in {side.name}, its example "
+         "is redone")
+    return side
+
+
 def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = DEFAULT_DATA, limit: int | None = None,
              base: dict | None = None, on_bad_line: str = "skip", progress: bool = True, warn=None) -> Path:
     """Run every method on the first `limit` examples; results are appended line by line (a rerun resumes)."""
@@ -91,6 +113,7 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
     head = (data_dir / task.folder / task.prompt_file).read_text(encoding="utf-8")
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"{task.name}.jsonl"
+    set_aside_cut_line(out, warn)
     done = done_keys(out)
     todo = [(no, ex, run) for no, ex in examples for run in runs if (no, run.label) not in done]
     if not todo:  # every run is already in the file: a resume that has nothing to decode loads no model
@@ -111,7 +134,7 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
             row = {"task": task.name, "line": no, "method": run.label, "question": ex["question"],
                    "prediction": pred, "gold": ex["answer"], "scores": task.score(pred, ex["answer"]),
                    "seconds": time.perf_counter() - t0, "trace": trace.to_dict()}
-            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+            sink.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
             sink.flush()
             if bar:
                 bar.update(1)
@@ -149,9 +172,8 @@ def summarize(rows: list[dict]) -> list[dict]:
         out["sec/example"] = round(sum(it["seconds"] for it in items) / len(items), 2)
         fwd = [_forward_passes(it["trace"]) for it in items]
         out["fwd/example"] = round(sum(fwd) / len(fwd), 1)
-        words = Counter(min(r["words"], 3) for it in items for r in it["trace"]["rounds"] if r["words"] > 0)
-        total = sum(words.values()) or 1
-        out["rounds 1/2/3+ words %"] = "/".join(f"{100 * words.get(k, 0) / total:.0f}" for k in (1, 2, 3))
+        shares = word_shares([r["words"] for it in items for r in it["trace"]["rounds"]])
+        out["rounds 1/2/3+ words %"] = "/".join(f"{x:.0f}" for x in shares)
         table.append(out)
     return table
 
@@ -180,7 +202,7 @@ def main_metric_table(summary: list[dict]) -> list[dict]:
 
 
 def write_summary(out_dir: Path) -> tuple[Path, Path]:
-    from .report import format_table
+    from ..report import format_table
     summary = summarize(load_results(out_dir))
     md, csv_path = out_dir / "summary.md", out_dir / "summary.csv"
     main = main_metric_table(summary)

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import metrics
-from .errors import AdafuseError
+from ..errors import AdafuseError
 
 def _find_data() -> Path:
     """$ADAFUSE_DATA, else the first `shared/data` beside the checkout (../shared/data) or above it."""
     if os.environ.get("ADAFUSE_DATA"):
         return Path(os.environ["ADAFUSE_DATA"])
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[2]
     for base in (here.parent, *here.parent.parents, Path("/work")):
         if (base / "shared" / "data").is_dir():
             return base / "shared" / "data"

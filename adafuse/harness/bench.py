@@ -1,4 +1,4 @@
-"""Benchmark: `python -m adafuse.bench` prints per-method cost on TriviaQA and GSM8K with the bundled pair."""
+"""Benchmark: `python -m adafuse.harness.bench` prints per-method cost on TriviaQA and GSM8K with the bundled pair."""
 from __future__ import annotations
 
 import argparse
@@ -7,12 +7,12 @@ import sys
 import time
 from pathlib import Path
 
-from .config import DecodeConfig
-from .decoder import AdaFuse, greedy
-from .loading import DEFAULT_PAIR, get_model
-from .report import format_table
+from ..config import DecodeConfig
+from ..decoder import AdaFuse, greedy
+from ..loading import DEFAULT_PAIR, get_model
+from ..report import format_table
 from .tasks import DEFAULT_DATA
-from .trace import Trace
+from ..trace import Trace
 
 
 def tasks(data: Path, n_trivia: int, n_gsm: int) -> list[tuple[str, str, DecodeConfig]]:
@@ -49,7 +49,7 @@ def quarter_ratio(trace: Trace) -> float | None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m adafuse.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m adafuse.harness.bench", description=__doc__)
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with triviaqa/ and gsm8k/")
     p.add_argument("--trivia", type=int, default=20)
     p.add_argument("--gsm8k", type=int, default=5)

@@ -1,4 +1,4 @@
-"""`python -m adafuse.results RESULTS_DIR DOCS_DIR`: docs/results.md and Plotly figures (HTML + PNG) from eval runs."""
+"""`python -m adafuse.harness.results RESULTS_DIR DOCS_DIR`: docs/results.md and Plotly figures (HTML + PNG) from eval runs."""
 from __future__ import annotations
 
 import random
@@ -8,20 +8,11 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from .figures import save
 from .evaluate import _markdown, load_results, main_metric_table, summarize
 from .tasks import TASKS
 
 PAPER_WPR = {"nq": (80.29, 15.53, 4.18), "squad": (57.64, 21.27, 21.09), "flores-de-en": (34.02, 19.89, 46.09)}
-
-
-def _save(fig: go.Figure, folder: Path, name: str) -> str:
-    fig.update_layout(template="plotly_white", width=900, height=460)
-    fig.write_html(folder / f"{name}.html", include_plotlyjs="cdn")
-    try:
-        fig.write_image(folder / f"{name}.png", scale=1.5)
-        return f"![{name}](figures/{name}.png) ([interactive](figures/{name}.html))"
-    except Exception as exc:  # noqa: BLE001 - a PNG needs kaleido + Chrome; the HTML is always written
-        return f"[{name} (interactive)](figures/{name}.html) (PNG not written: {type(exc).__name__})"
 
 
 def _score(summary: dict, task: str, method: str):
@@ -84,7 +75,7 @@ def build(results: Path, docs: Path) -> Path:
     for t in tasks:
         fig.add_trace(go.Bar(name=t, x=[r["method"] for r in table], y=[r.get(t) for r in table]))
     fig.update_layout(barmode="group", title="Main metric per task", yaxis_title="score ×100")
-    out += [_save(fig, figs, "main"), ""]
+    out += [save(fig, figs, "main"), ""]
 
     # paired comparisons on the same examples: is a difference more than noise?
     per_ex = _per_example(rows)
@@ -163,11 +154,11 @@ def build(results: Path, docs: Path) -> Path:
             ys = [_mean([_abl_score(t, series[b]) for t in qa]) for b in range(1, 6)]
             fig.add_trace(go.Scatter(x=list(range(1, 6)), y=ys, mode="lines+markers", name=name))
         fig.update_layout(title="Branches B (NQ+TriviaQA mean EM)", xaxis_title="B", yaxis_title="EM ×100")
-        out += [_save(fig, figs, "ablation_branches"), ""]
+        out += [save(fig, figs, "ablation_branches"), ""]
         fig = go.Figure(go.Scatter(x=list(taus), y=[_mean([_abl_score(t, m) for t in qa]) for m in taus.values()],
                                    mode="lines+markers"))
         fig.update_layout(title="Margin threshold τΔ (NQ+TriviaQA mean EM)", xaxis_title="τΔ", yaxis_title="EM ×100")
-        out += [_save(fig, figs, "ablation_tau"), ""]
+        out += [save(fig, figs, "ablation_tau"), ""]
         b_div = [_mean([_abl_score(t, div[b]) for t in qa]) for b in range(1, 6)]
         b_beam = [_mean([_abl_score(t, nodiv[b]) for t in qa]) for b in range(1, 6)]
         if all(v is not None for v in b_div + b_beam):
@@ -205,7 +196,7 @@ def build(results: Path, docs: Path) -> Path:
         fig = go.Figure([go.Bar(name=f"{k} word{'s' if k > 1 else ''}", x=[w["task"] for w in wpr],
                                 y=[w[f"{k} word{'s' if k > 1 else ''} %"] for w in wpr]) for k in (1, 2, 3)])
         fig.update_layout(barmode="stack", title="Share of rounds committing 1/2/3 words", yaxis_title="% of rounds")
-        out += [_save(fig, figs, "words_per_round"), ""]
+        out += [save(fig, figs, "words_per_round"), ""]
         if "nq" in {w["task"] for w in wpr} and any(w["task"] in ("flores-de-en", "squad") for w in wpr):
             nq1 = next(w["1 word %"] for w in wpr if w["task"] == "nq")
             longer = [w for w in wpr if w["task"] in ("flores-de-en", "squad")]
@@ -231,7 +222,7 @@ def build(results: Path, docs: Path) -> Path:
         fig = go.Figure([go.Bar(name=t, x=[r["method"] for r in cost_rows], y=[r.get(t) for r in cost_rows])
                          for t in tasks])
         fig.update_layout(barmode="group", title="Seconds per example", yaxis_title="s")
-        out += [_save(fig, figs, "cost"), ""]
+        out += [save(fig, figs, "cost"), ""]
     out[out.index("## Main table"):out.index("## Main table")] = ["## What the numbers say", ""] + obs + [""]
     md = docs / "results.md"
     md.write_text("\n".join(out) + "\n", encoding="utf-8")
@@ -241,7 +232,7 @@ def build(results: Path, docs: Path) -> Path:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m adafuse.results RESULTS_DIR DOCS_DIR", file=sys.stderr)
+        print("usage: python -m adafuse.harness.results RESULTS_DIR DOCS_DIR", file=sys.stderr)
         return 2
     print(build(Path(argv[0]), Path(argv[1])))
     return 0

@@ -1,0 +1,149 @@
+"""Decoding methods by name: what each model does in a round, and whether the pool is scored.
+
+`METHODS` maps `DecodeConfig.method` to a `Method`. The decoder runs every method the same way: the models a method
+lets act this round propose (`propose`), the pool is the union of their proposals, and it is scored by every model
+when the method scores; `token-union` builds its whole round itself (`round`).
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import TYPE_CHECKING
+
+import torch
+
+from .candidates import Proposal, beam, explore, greedy_span, sample_word
+from .trace import Candidate, ModelStep
+from .view import ModelView
+from .words import count_words
+from .writer import end_logprob, margin
+
+if TYPE_CHECKING:
+    from .decoder import Decoding
+
+
+class Method:
+    """A proposer: every model acts every round, the pool is scored by every model."""
+    scores = True     # the pool is scored by every model
+    lazy = False      # models that did not act this round catch up only when they next act
+
+    def start(self, d: "Decoding") -> None:
+        """Per-decode state (random generators)."""
+
+    def acting(self, d: "Decoding") -> list[int]:
+        return list(range(len(d.sessions)))
+
+    def propose(self, d: "Decoding", s: ModelView, budget: int) -> tuple[list[Proposal], str, list[float]]:
+        """Model `s`'s proposals this round, its mode and the margins it looked at (`budget`: words left)."""
+        raise NotImplementedError
+
+    def round(self, d: "Decoding") -> tuple[list[ModelStep], list[Candidate]] | None:
+        """A whole round built by the method itself (None: propose, pool and score as usual)."""
+        return None
+
+
+class AdaFuse(Method):
+    """Confident models (Δ ≥ τ) commit a greedy span of up to M words; uncertain ones explore B distinct first tokens
+    (or, with `diversity` off, run a width-B beam search over the word)."""
+
+    def __init__(self, diversity: bool | None = None):
+        self.diversity = diversity  # None: as the config says
+
+    def propose(self, d, s, budget):
+        cfg = d.config
+        delta = margin(s.next_logprobs)
+        if delta >= cfg.tau:
+            p, margins = greedy_span(s, min(cfg.max_words, budget), cfg.tau, cfg.max_word_tokens)
+            return [p], "commit", margins
+        diverse = cfg.diversity if self.diversity is None else self.diversity
+        if diverse:
+            return explore(s, cfg.branches, cfg.explore_top_k, cfg.max_word_tokens), "explore", [delta]
+        return beam(s, cfg.branches, cfg.explore_top_k, cfg.max_word_tokens), "beam", [delta]
+
+
+class FixedSpan(Method):
+    """Every model proposes its greedy span of exactly n words (SweetSpan-like); the pool is scored."""
+
+    def propose(self, d, s, budget):
+        cfg = d.config
+        p, margins = greedy_span(s, min(cfg.span_words, budget), None, cfg.max_word_tokens)
+        return [p], "span", margins
+
+
+class Greedy(Method):
+    """One model alone, word by word, through the same machinery."""
+
+    def propose(self, d, s, budget):
+        cfg = d.config
+        p, margins = greedy_span(s, 1, None, cfg.max_word_tokens)
+        return [p], "greedy", margins
+
+
+class Mixture(Method):
+    """Word-level mixture of experts (ME): each round one model, drawn with `weights` and `seed`, writes the next word
+    by sampling at `temperature` (0: greedily). No other model proposes or scores; the others catch up with one
+    forward over the accumulated text when they are next drawn."""
+    scores = False
+    lazy = True
+
+    def start(self, d):
+        d.rng = random.Random(d.config.seed)
+        d.generator = torch.Generator().manual_seed(d.config.seed)
+
+    def acting(self, d):
+        return [d.rng.choices(range(len(d.sessions)), weights=d.config.weights or None)[0]]
+
+    def propose(self, d, s, budget):
+        cfg = d.config
+        return [sample_word(s, cfg.temperature, d.generator, cfg.max_word_tokens)], "write", [margin(s.next_logprobs)]
+
+
+class TokenUnion(Method):
+    """UniTE-style: the union (by decoded text) of every model's top-k next tokens, each scored by the probability
+    every model gives that text as one token (0 if it cannot), averaged over models."""
+
+    def round(self, d):
+        k = d.config.union_top_k
+        texts: dict[tuple[str, bool], list[str]] = {}
+        steps = []
+        for name, s in zip(d.names, d.sessions):
+            s.rewind()
+            mine = []
+            for t in torch.topk(s.next_logprobs, k).indices.tolist():
+                if t in s.banned_ids:
+                    continue
+                key = ("", True) if t in s.end_ids else (s.decode_after(s.ids, [t]), False)
+                if key[0] == "" and not key[1]:
+                    continue
+                proposers = texts.setdefault(key, [])
+                if name not in proposers:
+                    proposers.append(name)
+                mine.append(list(texts).index(key))
+            steps.append(ModelStep(model=name, mode="token", margins=[margin(s.next_logprobs)], proposals=mine))
+        candidates = []
+        for (text, eos), proposers in texts.items():
+            probs = {name: _token_prob(s, text, eos) for name, s in zip(d.names, d.sessions)}
+            mean = sum(probs.values()) / len(probs)
+            candidates.append(Candidate(text=text, eos=eos, proposers=proposers,
+                                        nll={n: -math.log(max(p, 1e-30)) for n, p in probs.items()},
+                                        n_tokens={n: 1 if p > 0 else 0 for n, p in probs.items()},
+                                        fused=-math.log(max(mean, 1e-30)), words=count_words(text)))
+        return steps, candidates
+
+
+def _token_prob(s: ModelView, text: str, eos: bool) -> float:
+    if eos:
+        return math.exp(end_logprob(s, s.next_logprobs))
+    new = s.encode(s.text + text)
+    tail = new[len(s.ids):] if new[: len(s.ids)] == s.ids else []
+    return math.exp(float(s.next_logprobs[tail[0]])) if len(tail) == 1 else 0.0
+
+
+METHODS: dict[str, Method] = {
+    "adafuse": AdaFuse(),
+    "beam": AdaFuse(diversity=False),
+    "fixed-span": FixedSpan(),
+    "greedy": Greedy(),
+    "token-union": TokenUnion(),
+    "mixture": Mixture(),
+}

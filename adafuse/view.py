@@ -1,0 +1,86 @@
+"""The small interface between the decoder and one model's view of the text `render(prompt) + y`.
+
+The decoder, the proposers (`candidates.py`), the scorer (`scoring.py`) and the methods (`methods.py`) talk to a
+model only through `ModelView` and `Branch`. `session.LocalSession` implements them for a local Hugging Face model
+with a KV cache; a model served by an inference engine over HTTP implements the same calls.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class Branch(ABC):
+    """A batch of continuations written side by side after the committed ids (exploration, beam search)."""
+
+    @abstractmethod
+    def step(self, tokens: list[int]) -> torch.Tensor:
+        """Feed one token per row; returns (N, V) next-token log-probs, one row per continuation."""
+
+    @abstractmethod
+    def keep(self, rows: list[int]) -> None:
+        """Keep these rows (in this order, repeats allowed) for the next step."""
+
+    @abstractmethod
+    def remember(self, row: int, tokens: list[int], logprobs: torch.Tensor) -> None:
+        """Row `row` holds `tokens` after the committed ids: keep its state so committing them costs no forward."""
+
+
+class ModelView(ABC):
+    """One model's view of a decode. Attributes every implementation keeps up to date:
+
+    name: str                 the model's name in the trace
+    text: str                 the committed text y
+    ids: list[int]            the tokens of render(prompt) + y
+    next_logprobs: Tensor     (V,) float32 log-probs of the token after `ids`
+    end_ids: frozenset[int]   tokens that end the answer (EOS, end of turn)
+    banned_ids: frozenset[int]  special tokens that are never proposed
+    prompt_tokens, prefix_reused, mode_used: prefill facts for the trace
+    """
+    name: str
+    text: str
+    ids: list[int]
+    next_logprobs: torch.Tensor
+    end_ids: frozenset[int]
+    banned_ids: frozenset[int]
+
+    # ---- text <-> tokens ----
+    @abstractmethod
+    def encode(self, y: str) -> list[int]:
+        """Token ids of render(prompt) + y, exactly as tokenizing the whole text would give."""
+
+    @abstractmethod
+    def decode_after(self, context: list[int], new: list[int]) -> str:
+        """The text tokens `new` add after the tokens `context`, byte for byte (no clean-up)."""
+
+    @abstractmethod
+    def vocab_texts(self) -> list[str]:
+        """Every token's text as it reads after ordinary text (index = token id)."""
+
+    # ---- forward passes ----
+    @abstractmethod
+    def extend(self, token: int) -> torch.Tensor:
+        """Append one token of this model's own proposal speculatively; returns the next (V,) log-probs."""
+
+    @abstractmethod
+    def rewind(self) -> None:
+        """Drop speculative tokens: the state is the committed ids again."""
+
+    @abstractmethod
+    def branch(self, rows: int) -> Branch:
+        """`rows` continuations after the committed ids, advanced together."""
+
+    @abstractmethod
+    def score_rows(self, start: int, rows: list[list[int]], remember: list[bool]) -> list[torch.Tensor]:
+        """Feed `rows` after ids[:start] without touching the committed state; per row a (len, V) tensor of
+        log-probs (entry j: the distribution after row[:j + 1]). Rows flagged in `remember` may be committed
+        next: keep what a commit would compute."""
+
+    @abstractmethod
+    def commit(self, y: str) -> None:
+        """Make `y` the committed text."""
+
+    @abstractmethod
+    def stats(self) -> tuple[int, int, float]:
+        """Forward passes, token positions fed and seconds so far."""
