@@ -14,8 +14,9 @@ from .words import word_end
 # How a word ended: the next token starts a new word (not taken), the answer ends (end token taken), a token crossed
 # the boundary (taken, text cut at the whitespace inside it), or the word reached max_word_tokens (taken).
 BOUNDARY, END, STRADDLE, FULL = "boundary", "end", "straddle", "full"
-# A character is at most 4 UTF-8 bytes: a word at its token cap may take this many more tokens to finish one.
-UTF8_SLACK = 4
+# A word at its token cap takes up to this many more tokens to finish the character it is inside (byte tokens of
+# CJK and emoji); past that a model emitting stray bytes still moves.
+UTF8_SLACK = 16
 
 
 def margin(logprobs: torch.Tensor) -> float:

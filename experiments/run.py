@@ -43,6 +43,24 @@ def jobs(n_qa: int, n_gsm: int, n_mt: int) -> list[tuple[str, int, list[str], li
     return out
 
 
+def drop(out: Path, methods: set[str], tasks: set[str]) -> None:
+    """Remove the rows of `methods` from OUT/<task>.jsonl for `tasks`, so they are decoded again with the current code."""
+    for path in sorted(out.glob("*.jsonl")):
+        if path.stem not in tasks:
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        kept = [ln for ln in lines if _method(ln) not in methods]
+        path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+        print(f"{path}: {len(lines) - len(kept)} rows of {', '.join(sorted(methods))} dropped to be redone")
+
+
+def _method(line: str) -> str | None:
+    try:
+        return json.loads(line)["method"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def worker(idx: int, todo: "queue.Queue", out: Path, log: Path, threads: int) -> None:
     folder = out.parent / f"{out.name}.w{idx}"
     folder.mkdir(exist_ok=True)
@@ -97,14 +115,22 @@ def main() -> None:
     ap.add_argument("--n-mt", type=int, default=30, help="Flores sentences per direction")
     ap.add_argument("--out", type=Path, default=Path("results"))
     ap.add_argument("--merge-only", action="store_true", help="only merge the worker folders into --out")
+    ap.add_argument("--redo", nargs="+", default=[], metavar="METHOD",
+                    help="decode these method labels again (their old rows are dropped) and run only them")
+    ap.add_argument("--tasks", nargs="+", default=["nq", "triviaqa", "squad", "gsm8k", "flores-de-en", "flores-en-de"],
+                    help="only these tasks")
     args = ap.parse_args()
+    if args.redo:
+        drop(args.out, set(args.redo), set(args.tasks))
     if not args.merge_only:
         todo: queue.Queue = queue.Queue()
-        for job in jobs(args.n_qa, args.n_gsm, args.n_mt):
-            todo.put(job)
+        for task, limit, methods, extra in jobs(args.n_qa, args.n_gsm, args.n_mt):
+            methods = [m for m in methods if not args.redo or m in args.redo]
+            if methods and task in args.tasks:
+                todo.put((task, limit, methods, extra))
         args.out.mkdir(parents=True, exist_ok=True)
         log = args.out / "parallel.log"
-        per_worker = max(1, (os.cpu_count() or 1) // args.workers)
+        per_worker = int(os.environ.get("THREADS") or max(1, (os.cpu_count() or 1) // args.workers))
         print(f"{todo.qsize()} jobs on {args.workers} workers ({per_worker} torch threads each); log: {log}")
         threads = [threading.Thread(target=worker, args=(i, todo, args.out, log, per_worker))
                    for i in range(args.workers)]

@@ -5,12 +5,13 @@
 # unpacked first, so with the default sizes (the ones in docs/results.md) a rerun only rebuilds the report.
 #   rm results/*.jsonl*; experiments/run.sh           # everything from scratch: about 3 hours on 2 CPU cores
 #   N_QA=10 N_GSM=3 N_MT=5 OUT=/tmp/r experiments/run.sh   # a quick look (well under an hour)
+#   REDO="mixture beam" experiments/run.sh                  # decode these methods again with the current code
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results}
 mkdir -p "$OUT"
 for f in "$OUT"/*.jsonl.gz; do [ -e "$f" ] && [ ! -e "${f%.gz}" ] && gunzip -k "$f"; done
-python experiments/run.py --out "$OUT" --n-qa "${N_QA:-50}" --n-gsm "${N_GSM:-20}" --n-mt "${N_MT:-30}" \
-    --workers "${WORKERS:-$(nproc)}"
-python -m adafuse.harness.results "$OUT" docs
+${PYTHON:-.venv/bin/python} experiments/run.py --out "$OUT" --n-qa "${N_QA:-50}" --n-gsm "${N_GSM:-20}" --n-mt "${N_MT:-30}" \
+    --workers "${WORKERS:-$(nproc)}" ${REDO:+--redo $REDO}
+${PYTHON:-.venv/bin/python} -m adafuse.harness.results "$OUT" docs
 gzip -nkf "$OUT"/*.jsonl

@@ -118,6 +118,17 @@ def test_eval_cli_writes_incrementally_and_resumes(tmp_path):
     assert (tmp_path / "out" / "summary.md").read_text().count("greedy:smollm2-135m-instruct") >= 1
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert again.returncode == 0 and len((tmp_path / "out" / "nq.jsonl").read_text().splitlines()) == 2
+    # killed hard while writing: the last line is cut off; the resumed run sets it aside and redoes its example
+    path = tmp_path / "out" / "nq.jsonl"
+    whole = path.read_text()
+    last = whole.splitlines()[-1]
+    path.write_text(whole[: len(whole) - len(last) // 2 - 1])
+    resumed = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert resumed.returncode == 0 and "cut off" in resumed.stderr
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert sorted(r["line"] for r in rows) == [1, 2]
+    assert (tmp_path / "out" / "nq.jsonl.cut").read_text().strip() == last[: len(last) - len(last) // 2 - 1].strip()
+    assert "| nq | greedy:smollm2-135m-instruct | 2 |" in (tmp_path / "out" / "summary.md").read_text()
     bad = subprocess.run(cmd[:-3] + ["--methods", "vote", "--out", str(tmp_path / "o2")], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "unknown method" in bad.stderr and "Traceback" not in bad.stderr

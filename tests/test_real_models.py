@@ -99,3 +99,41 @@ def test_cli_reports_bad_input_without_a_stack_trace():
         out = subprocess.run([sys.executable, "-m", "adafuse", "run", *args], capture_output=True, text=True,
                              env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
         assert out.returncode == 2 and "error:" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_text_is_appended_byte_for_byte_without_clean_up(pair):
+    from adafuse.session import LocalSession
+    sm = LocalSession(pair[0], "Say:")
+    for text in ("Hello .", "it 's", "a , b ?"):
+        ids = sm.lm.tokenizer(text, add_special_tokens=False).input_ids
+        assert sm.lm.decode(ids) == text
+        head, tail = ids[:1], ids[1:]
+        assert sm.lm.decode(head) + sm.decode_after(head, tail) == text
+
+
+def test_end_tokens_are_eos_and_end_of_turn_only(pair):
+    sm, gm = pair
+    assert sm.end_ids == {sm.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    assert gm.end_ids == {gm.tokenizer.eos_token_id} and len(gm.end_ids) < 5
+    for special in ("<unused0>", "<bos>", "<start_of_turn>"):  # control tokens: never proposed, never an end
+        assert gm.tokenizer.convert_tokens_to_ids(special) in gm.banned_ids
+
+
+@pytest.mark.parametrize("prompt", ["法国的首都是哪里？", "巴黎🙂是", "Emoji time: 🙂🙂"])
+def test_greedy_equals_generate_on_cjk_and_emoji(pair, prompt):
+    for lm in pair:
+        ids = ([lm.tokenizer.bos_token_id] if lm.add_bos else []) + lm.tokenizer(prompt, add_special_tokens=False).input_ids
+        out = lm.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=24, do_sample=False)
+        ref = lm.decode(out[0, len(ids):].tolist())
+        tr = greedy(lm, prompt, DecodeConfig(max_new_tokens=24, max_new_words=1000))
+        assert "\ufffd" not in tr.output
+        n = min(len(ref), len(tr.output))
+        assert n > 0 and ref.rstrip("\ufffd")[:n] == tr.output[:n] or ref.startswith(tr.output), (lm.name, ref, tr.output)
+
+
+@pytest.mark.parametrize("prompt", ["a", "?", "Hi", "🙂"])
+def test_short_prompts_decode(pair, prompt):
+    tr = AdaFuse(pair, DecodeConfig(max_new_words=4, tau=0.9)).generate(prompt)
+    assert tr.output == "".join(r.text for r in tr.rounds)
+    json.loads(tr.to_json())

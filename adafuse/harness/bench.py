@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, help="write every trace here (JSONL)")
     args = p.parse_args(argv)
     models = [get_model(m) for m in args.models]
-    methods = {"AdaFuse B=1": dict(branches=1), "AdaFuse B=3": dict(branches=3)}
+    methods = {"AdaFuse B=1": dict(branches=1), "AdaFuse B=3": dict(branches=3),
+               "mixture (ME, greedy words)": dict(method="mixture", temperature=0.0)}
     work = tasks(args.data, args.trivia, args.gsm8k)
     rows, quarters = [], {}
     sink = args.out.open("w") if args.out else None
@@ -93,11 +94,15 @@ def main(argv=None) -> int:
                    "decode s/word": round(per, 3)}
             for m in models:
                 row[f"fwd {m.name}"], row[f"tok {m.name}"] = st[m.name]
+            row["fwd/word"] = round(sum(st[m.name][0] for m in models) / max(1, st["words"]), 2)
             row["÷ sum of singles"] = round(per / single, 2)
+            row["÷ mean single"] = round(per / (single / len(models)), 2)
             rows.append(row)
     print(format_table(rows))
     print("\n'decode' excludes the prompt prefill; 'fwd'/'tok': forward passes / tokens fed per model while decoding;")
-    print("'÷ sum of singles': AdaFuse s/word over (SmolLM2 alone + Gemma alone) s/word.")
+    print("'fwd/word': forward passes of all models per committed word; 's/word' is each round's wall time, so it")
+    print("includes tokenizer time; '÷ sum of singles': s/word over (SmolLM2 alone + Gemma alone) s/word;")
+    print("'÷ mean single': over the mean of the two single models' s/word (ME's target: at most 1.2).")
     if quarters:
         print("\nGSM8K answers of 100+ words, s/word last quarter ÷ first quarter:")
         for name, vals in quarters.items():
