@@ -30,7 +30,7 @@ class Decoding:
         self.method = METHODS[config.method]
         _validate(self.models, config, prompt)  # every check before any model prefills
         t0 = time.perf_counter()
-        self.sessions: list[ModelView] = [LocalSession(lm, prompt, config.mode) for lm in self.models]
+        self.sessions: list[ModelView] = [LocalSession(lm, prompt, config.mode, config.stop) for lm in self.models]
         self.trace = Trace(
             prompt=prompt, models=self.names, settings=config.to_dict(),
             prompt_modes={n: s.mode_used for n, s in zip(self.names, self.sessions)},
@@ -40,7 +40,8 @@ class Decoding:
             devices={n: str(lm.device) for n, lm in zip(self.names, self.models)},
             seconds=time.perf_counter() - t0,
         )
-        self.end_strings = sorted({e for lm in self.models for e in lm.end_strings()})
+        # text that ends the answer wherever it appears: the stop strings and every model's end-token strings
+        self.enders = tuple(config.stop) + tuple(sorted({e for lm in self.models for e in lm.end_strings()}))
         self.pending: Round | None = None
         self.done = False
         self.method.start(self)
@@ -85,9 +86,9 @@ class Decoding:
             proposals, mode, margins = self.method.propose(self, s, budget)
             indices = []
             for p in proposals:
-                if p.text == "" and not p.eos:
+                key = self._ending(p.text, p.eos)
+                if key[0] == "" and not key[1]:
                     continue
-                key = (p.text, p.eos)
                 if key not in keys:
                     keys[key] = len(keys)
                     proposers.append([])
@@ -110,9 +111,21 @@ class Decoding:
                     c.nll[name], c.n_tokens[name], c.straddle[name] = sc.nll, sc.n_tokens, sc.straddle
                     if sc.note:
                         c.notes[name] = sc.note
+                    if c.eos:
+                        c.end_term[name] = sc.end_term
             for c in candidates:
                 c.fused = _fuse(c)
         return steps, candidates
+
+    def _ending(self, text: str, eos: bool) -> tuple[str, bool]:
+        """A span holding a stop string or an end-token string (possibly begun in the committed text) is cut before it
+        and ends the answer: (text before it, True). Text past the end is never scored."""
+        old = self.trace.output
+        longest = max((len(x) for x in self.enders), default=0)
+        cut = find_stop(old + text, self.enders, len(old) - longest + 1) if self.enders else None
+        if cut is None or cut < len(old):  # a stop begun in committed text: commit cuts the rounds it began in
+            return text, eos
+        return text[: cut - len(old)], True
 
     def commit(self, choice: int | None = None) -> Round:
         """Append the winner (or candidate `choice`, marking the round overridden) and apply stop rules."""
@@ -125,9 +138,8 @@ class Decoding:
         cand = r.candidates[r.chosen]
         old = self.trace.output
         new = old + cand.text
-        stops = cfg.stop + tuple(self.end_strings)
-        longest = max((len(x) for x in stops), default=0)
-        cut = find_stop(new, stops, len(old) - longest + 1) if stops else None
+        longest = max((len(x) for x in self.enders), default=0)
+        cut = find_stop(new, self.enders, len(old) - longest + 1) if self.enders else None
         stop = None
         if cut is not None:
             stop = "stop string" if find_stop(new, cfg.stop, cut) == cut else "eos"

@@ -82,6 +82,18 @@ class LoadedModel:
                 + [""] * (size - n)
         return self._texts
 
+    def stop_token_ids(self, stops: tuple[str, ...]) -> frozenset[int]:
+        """Tokens whose text starts one of the stop strings (for stop "\\n": "\\n", "\\n\\n", "\\nQuestion", ...):
+        with the end tokens they are the one event "the answer ends here". Computed once per stop set."""
+        stops = tuple(sorted(set(stops)))
+        if not stops:
+            return frozenset()
+        cache = self.__dict__.setdefault("_stop_ids", {})
+        if stops not in cache:
+            cache[stops] = frozenset(t for t, txt in enumerate(self.vocab_texts())
+                                     if txt.startswith(stops) and t not in self.banned_ids)
+        return cache[stops]
+
     def end_strings(self) -> list[str]:
         """The text of each end token (a span containing one, written as text by another model, is cut there)."""
         return sorted({self.decode([i]) for i in self.end_ids} - {""})

@@ -5,13 +5,14 @@ from .trace import Trace
 
 
 def show(text: str, width: int = 40) -> str:
-    """A span made visible: newlines as ⏎, the end marker as ∎, long spans shortened."""
+    """A span made visible: newlines as ⏎, tabs as ⇥, long spans shortened."""
     out = text.replace("\n", "⏎").replace("\t", "⇥")
     return out if len(out) <= width else out[: width - 1] + "…"
 
 
 def candidate_label(text: str, eos: bool) -> str:
-    return show(text) + (" ∎" if eos else "")
+    """A candidate as the pool lists it; one that ends the answer reads "text ⏎ end"."""
+    return show(text) + (" ⏎ end" if eos else "")
 
 
 def round_rows(trace: Trace) -> list[dict]:

@@ -18,6 +18,7 @@ class Score:
     n_tokens: int      # |T_m(c)|, the end marker included
     straddle: bool     # a token crossed the boundary between y and c: scoring started inside y
     note: str = ""     # why nll is None
+    end_term: float | None = None  # for a candidate that ends the answer: log p(the answer ends here)
 
 
 def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Proposal] | None = None) -> list[Score]:
@@ -66,12 +67,13 @@ def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int,
     scores = []
     for i, v in enumerate(logps):
         straddle = not aligned[i]
+        end = v[-1] if v and cands[i][1] and math.isfinite(v[-1]) else None
         if not v:
             scores.append(Score(None, 0, straddle, "no token of the candidate can be scored in context"))
         elif any(math.isinf(x) or math.isnan(x) for x in v):
             scores.append(Score(None, len(v), straddle, "probability 0 under this model"))
         else:
-            scores.append(Score(-sum(v) / len(v), len(v), straddle))
+            scores.append(Score(-sum(v) / len(v), len(v), straddle, end_term=end))
     return scores
 
 

@@ -102,10 +102,11 @@ class LocalSession(ModelView):
     the rest (checked against a full tokenization whenever the anchor moves).
     """
 
-    def __init__(self, lm: LoadedModel, prompt: str, mode: str = "raw"):
+    def __init__(self, lm: LoadedModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = ()):
         self.lm = lm
         self.name = lm.name
-        self.end_ids, self.banned_ids = lm.end_ids, lm.banned_ids
+        # the end of the answer: the model's end tokens and every token that starts a stop string
+        self.end_ids, self.banned_ids = lm.end_ids | lm.stop_token_ids(stop), lm.banned_ids
         self.prefix_text, self.mode_used = render_prompt(lm, prompt, mode)
         self.text = ""
         self.forward_passes = 0

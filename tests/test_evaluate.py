@@ -127,7 +127,7 @@ def test_eval_cli_writes_incrementally_and_resumes(tmp_path):
     assert resumed.returncode == 0 and "cut off" in resumed.stderr
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     assert sorted(r["line"] for r in rows) == [1, 2]
-    assert (tmp_path / "out" / "nq.jsonl.cut").read_text().strip() == last[: len(last) - len(last) // 2 - 1].strip()
+    assert (tmp_path / "out" / "nq.jsonl.cut").read_text().strip() == last[: len(last) - len(last) // 2].strip()
     assert "| nq | greedy:smollm2-135m-instruct | 2 |" in (tmp_path / "out" / "summary.md").read_text()
     bad = subprocess.run(cmd[:-3] + ["--methods", "vote", "--out", str(tmp_path / "o2")], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)

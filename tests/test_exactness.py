@@ -156,3 +156,19 @@ def test_beam_method_uses_the_beam_when_unsure():
     _, r = first_round(DecodeConfig(tau=0.7, branches=3, diversity=False))
     texts = [r.candidates[i].text for i in r.steps[1].proposals]
     assert r.steps[1].mode == "beam" and len(texts) == len(set(texts)) == 3
+
+
+def test_the_end_of_the_answer_is_one_event_however_it_is_spelled():
+    # after "Q" a newline is unlikely (0.1), but once written the few-shot format ("\nQ") is almost sure: averaged
+    # over "\n" + "Q" the format continuation would win; as the end event it is scored by the newline alone
+    rules = {"Q": {" Paris": 0.3, " London": 0.25, "\n": 0.1}, "\n": {"Q": 0.99}, " Paris": {"<eos>": 0.9},
+             " London": {"<eos>": 0.9}}
+    d, r = first_round(DecodeConfig(tau=0.9, branches=3, stop=("\n",)), pair(a=rules, b=rules))
+    ends = [c for c in r.candidates if c.eos and c.text == ""]
+    assert len(ends) == 1  # proposed as "\n...", pooled with the end tokens: one entry
+    end_p = 0.1 + (1 - 0.65) / 9  # "\n" and <eos> (unlisted) together
+    assert ends[0].nll["a"] == pytest.approx(-math.log(end_p), abs=1e-5) and ends[0].n_tokens["a"] == 1
+    assert ends[0].end_term["a"] == pytest.approx(math.log(end_p), abs=1e-5)
+    assert r.candidates[r.winner].text == " Paris"
+    # a span that holds a stop string is cut before it and ends the answer
+    assert d._ending(" Paris\nQ", False) == (" Paris", True)

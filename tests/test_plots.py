@@ -36,7 +36,7 @@ def test_pool_figure_bars_per_model_fused_markers_and_winner():
     winner = next(a for a in fig.layout.annotations if a.text == "★ winner")
     assert winner.x.startswith("0:")
     assert fig.layout.yaxis.title.text.startswith("NLL")
-    assert "blue.⏎ ∎" in fig.data[0].x[2]  # newline made visible, end marker shown
+    assert "blue.⏎ ⏎ end" in fig.data[0].x[2]  # newline made visible, the end of the answer labelled
 
 
 def test_words_per_round_shares():
