@@ -73,8 +73,7 @@ def pool_figure(trace: Trace | None, index: int | None = None, pending: Round | 
     for k, model in enumerate(models):
         fig.add_trace(go.Bar(x=labels, y=[c.nll.get(model) for c in r.candidates], name=f"NLL {model}",
                              marker_color=MODEL_COLORS[k % 4], opacity=0.75,
-                             hovertext=[f"{model}: {c.n_tokens.get(model, '?')} tokens, proposed by "
-                                        f"{', '.join(c.proposers) or '—'}" for c in r.candidates]))
+                             hovertext=[_hover(c, model) for c in r.candidates]))
     fused = [c.fused for c in r.candidates]
     fig.add_trace(go.Scatter(x=labels, y=fused, mode="markers", name="fused (mean)",
                              marker=dict(symbol="diamond", size=13, color=FUSED_COLOR)))
@@ -89,6 +88,17 @@ def pool_figure(trace: Trace | None, index: int | None = None, pending: Round | 
     if all(v is None for v in fused):
         fig.add_annotation(text="one candidate only: nothing to score", showarrow=False, yref="paper", y=0.5)
     return _layout(fig, f"{title}: round {r.index} ({state})", "candidate (proposers in hover)", "NLL (lower is better)")
+
+
+def _hover(c, model: str) -> str:
+    """A bar's hover text: tokens scored, the end term of a candidate that ends the answer, why a score is missing."""
+    text = f"{model}: {c.n_tokens.get(model, '?')} tokens, proposed by {', '.join(c.proposers) or '—'}"
+    end = getattr(c, "end_term", {}).get(model)
+    if c.eos and end is not None:
+        text += f"; ⏎ end: log p(the answer ends here) = {end:.3f}"
+    if getattr(c, "notes", {}).get(model):
+        text += f"; not scored: {c.notes[model]}"
+    return text
 
 
 def words_per_round_figure(trace: Trace | None) -> go.Figure:

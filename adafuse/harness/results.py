@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from .figures import save
 from .evaluate import _markdown, load_results, main_metric_table, summarize
 from .tasks import TASKS
+from ..trace import TRACE_VERSION
 
 PAPER_WPR = {"nq": (80.29, 15.53, 4.18), "squad": (57.64, 21.27, 21.09), "flores-de-en": (34.02, 19.89, 46.09)}
 
@@ -49,6 +50,74 @@ def _per_example(rows: list[dict]) -> dict[tuple[str, str], dict[int, float]]:
     return out
 
 
+def _versions(rows: list[dict], order: list[str], tasks: list[str]) -> list[str]:
+    """Which decoder version produced each (task, method): trace version 2 is the current decoder."""
+    seen: dict[tuple[str, str], set] = defaultdict(set)
+    for r in rows:
+        seen[(r["task"], r["method"])].add(r["trace"].get("version", 1))
+    methods = order + sorted({m for _, m in seen} - set(order))
+    old = [f"{m} on {t}" for m in methods for t in tasks if seen.get((t, m)) and max(seen[(t, m)]) < TRACE_VERSION]
+    text = ("Every row above was decoded with the current decoder (trace version "
+            f"{TRACE_VERSION})." if not old else
+            f"Decoded with the current decoder (trace version {TRACE_VERSION}) except: {', '.join(old)} — those rows "
+            "are from the previous decoder (trace version 1: before the exactness fixes and the end-of-answer event).")
+    return [text, ""]
+
+
+def _empty(rows: list[dict]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(task, method) -> (empty answers, examples)."""
+    out: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        c = out[(r["task"], r["method"])]
+        c[0] += not r["trace"]["output"].strip()
+        c[1] += 1
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def _empties(rows, results: Path, order, tasks, singles, obs) -> list[str]:
+    """Empty answers per method (the decoded output is blank), against each method's worse single member, and the
+    translation tasks before and after the end-of-answer fix (results/v1: the previous decoder's committed run)."""
+    now = _empty(rows)
+    table = [{"method": m, **{t: (f"{now[(t, m)][0]}/{now[(t, m)][1]}" if (t, m) in now else None) for t in tasks}}
+             for m in order]
+    out = ["## Empty answers", "", "Examples whose decoded output is blank, per method and task (empty/examples).", "",
+           _markdown(table), ""]
+    worse = {t: max((now[(t, s)][0] for s in singles if (t, s) in now), default=None) for t in tasks}
+    over = [f"{m} on {t} ({now[(t, m)][0]} vs {worse[t]})" for m in order if m not in singles for t in tasks
+            if (t, m) in now and worse[t] is not None and now[(t, m)][0] > worse[t]]
+    obs.append("- Empty answers: " + ("no method produces more than its worse single member alone." if not over else
+                                      "more than the worse single member alone: " + "; ".join(over) + "."))
+    v1 = results / "v1"
+    if v1.is_dir():
+        before_rows = load_results(v1)
+        before, sb = _empty(before_rows), {(r["task"], r["method"]): r for r in summarize(before_rows)}
+        sn = {(r["task"], r["method"]): r for r in summarize(rows)}
+        gemma = next((s for s in singles if "gemma" in s), None)
+        comp = []
+        for t in [t for t in tasks if t.startswith("flores")] + [t for t in tasks if not t.startswith("flores")]:
+            for m in [m for m in ("adafuse", "beam", "fixed-span-3", "token-union") if (t, m) in sn and (t, m) in sb]:
+                metric = TASKS[t].main_metric
+                row = {"task": t, "method": m, "empty before": f"{before[(t, m)][0]}/{before[(t, m)][1]}",
+                       "empty now": f"{now[(t, m)][0]}/{now[(t, m)][1]}",
+                       f"score before": sb[(t, m)].get(metric), "score now": sn[(t, m)].get(metric)}
+                if gemma and (t, gemma) in sn and (t, gemma) in sb:
+                    gb = sb[(t, m)][metric] - sb[(t, gemma)][metric]
+                    gn = sn[(t, m)][metric] - sn[(t, gemma)][metric]
+                    row["gap to Gemma before"], row["gap to Gemma now"] = round(gb, 2), round(gn, 2)
+                    if m == "adafuse" and t.startswith("flores"):
+                        halved = gn >= gb / 2
+                        obs.append(f"- {t}: AdaFuse's chrF gap to Gemma alone {gb:+.1f} before the end-of-answer fix, "
+                                   f"{gn:+.1f} now — {'at least halved' if halved else 'not halved'} "
+                                   f"(empty answers {before[(t, m)][0]} → {now[(t, m)][0]} of {now[(t, m)][1]}).")
+                comp.append(row)
+        out += ["## The end of the answer as one event: before and after", "",
+                "`results/v1/` is the previous committed run (trace version 1), where a candidate such as "
+                "`\\n\\nGerman:` was scored over the few-shot format it continues into; now the end of the answer is "
+                "one event (end tokens and tokens that start a stop string) and text past it is never scored. "
+                "Main metric (chrF for Flores) and empty answers on the same examples.", "", _markdown(comp), ""]
+    return out
+
+
 def build(results: Path, docs: Path) -> Path:
     rows = load_results(results)
     summary_rows = summarize(rows)
@@ -71,6 +140,16 @@ def build(results: Path, docs: Path) -> Path:
            f"With {min(sizes.values())}–{max(sizes.values())} examples one example moves an exact-match score by "
            f"{100 / max(sizes.values()):.0f}–{100 / min(sizes.values()):.0f} points: read the trends and the paired "
            "intervals below, not the decimals.", "", "## Main table", "", _markdown(table), ""]
+    obs: list[str] = []  # observations computed from the numbers, so a rerun keeps them true
+    out += _versions(rows, order, tasks)
+    if singles and any((t, "mixture") in summary for t in tasks):
+        ratios = [summary[(t, "mixture")]["sec/example"] / _mean([summary[(t, s)]["sec/example"] for s in singles])
+                  for t in tasks if (t, "mixture") in summary and all((t, s) in summary for s in singles)]
+        if ratios:
+            obs.append("- Mixture (word-level ME: one model writes each word, nobody scores) costs "
+                       + ", ".join(f"{r:.2f}" for r in ratios) + " × the mean single model's seconds per example "
+                       "(task by task, same examples): about one model's work, as ME promises.")
+    out += _empties(rows, results, order, tasks, singles, obs)
     fig = go.Figure()
     for t in tasks:
         fig.add_trace(go.Bar(name=t, x=[r["method"] for r in table], y=[r.get(t) for r in table]))
@@ -98,8 +177,6 @@ def build(results: Path, docs: Path) -> Path:
             "and the examples where AdaFuse scored higher/the same/lower. An interval that excludes 0 is a difference "
             "this sample can tell apart from noise (sentence-level chrF for Flores).", "", _markdown(pair_rows), ""]
 
-    # observations computed from the numbers, so a rerun keeps them true
-    obs = []
     avg = {r["method"]: r["average"] for r in table if r.get("average") is not None}  # methods run on every task
     if "adafuse" in avg and singles:
         best_single = max(singles, key=lambda m: avg.get(m) or -1)
