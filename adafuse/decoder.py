@@ -92,7 +92,7 @@ class Decoding:
                 if key not in keys:
                     keys[key] = len(keys)
                     proposers.append([])
-                    words.append(p.words)
+                    words.append(p.words if key[0] == p.text else count_words(key[0]))
                 i = keys[key]
                 if name not in proposers[i]:
                     proposers[i].append(name)

@@ -8,7 +8,7 @@ from adafuse import AdaFuse, ConfigError, DecodeConfig
 from adafuse.candidates import beam
 from adafuse.loading import LoadedModel
 from adafuse.session import LocalSession
-from tests.test_decoder_toy import A_RULES, B_RULES, V, first_round, pair
+from tests.test_decoder_toy import B_RULES, V, first_round, pair
 from tests.toy import ToyLM, ToyTokenizer, toy_model
 
 

@@ -46,7 +46,7 @@ def test_tokenizing_from_the_anchor_equals_the_full_tokenization(views, text, cu
     for s in views:
         s.text, s.anchor_char, s.anchor_tok = "", 0, 0
         s.ids = s._full("")
-        y, i = "", 0
+        y = ""
         for n in cuts + [len(text)]:
             if len(y) >= len(text):
                 break

@@ -109,7 +109,7 @@ def _empties(rows, results: Path, order, tasks, singles, obs) -> list[str]:
                 metric = TASKS[t].main_metric
                 row = {"task": t, "method": m, "empty before": f"{before[(t, m)][0]}/{before[(t, m)][1]}",
                        "empty now": f"{now[(t, m)][0]}/{now[(t, m)][1]}",
-                       f"score before": sb[(t, m)].get(metric), "score now": sn[(t, m)].get(metric)}
+                       "score before": sb[(t, m)].get(metric), "score now": sn[(t, m)].get(metric)}
                 if gemma and (t, gemma) in sn and (t, gemma) in sb:
                     gb = sb[(t, m)][metric] - sb[(t, gemma)][metric]
                     gn = sn[(t, m)][metric] - sn[(t, gemma)][metric]
@@ -254,7 +254,7 @@ def build(results: Path, docs: Path) -> Path:
         if all(v is not None for v in b_div + b_beam):
             def trend(vals):
                 return "up" if vals[-1] > vals[0] else "down" if vals[-1] < vals[0] else "flat"
-            obs.append(f"- B from 1 to 5 with diversity: " + " → ".join(f"{v:.1f}" for v in b_div)
+            obs.append("- B from 1 to 5 with diversity: " + " → ".join(f"{v:.1f}" for v in b_div)
                        + f" ({trend(b_div)}); without: " + " → ".join(f"{v:.1f}" for v in b_beam)
                        + f" ({trend(b_beam)}). Paper: up with diversity, down without — "
                        f"diversity part {'reproduced' if trend(b_div) == 'up' else 'not reproduced'}, beam part "
