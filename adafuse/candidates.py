@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from .view import ModelView
-from .writer import BOUNDARY, END, FULL, STRADDLE, Word, best_token, margin, sample_token
+from .writer import BOUNDARY, END, FULL, STRADDLE, Word, best_token, margin, sample_token, token_index
 
 
 @dataclass
@@ -171,11 +171,8 @@ def beam(s: ModelView, width: int, top_k: int, max_word_tokens: int) -> list[Pro
 
 def _starts_with_space(s: ModelView) -> torch.Tensor:
     """Ids of the tokens whose text starts with whitespace (they begin a new word), built once per view."""
-    cache = s.__dict__.setdefault("_index_cache", {})
-    if "starts_ws" not in cache:
-        ids = [t for t, txt in enumerate(s.vocab_texts()) if txt[:1].isspace() and t not in s.banned_ids]
-        cache["starts_ws"] = torch.tensor(ids, dtype=torch.long, device=s.next_logprobs.device)
-    return cache["starts_ws"]
+    return token_index(s, "starts_ws", lambda: [t for t, txt in enumerate(s.vocab_texts())
+                                                if txt[:1].isspace() and t not in s.banned_ids])
 
 
 def sample_word(s: ModelView, temperature: float, generator: torch.Generator, max_word_tokens: int) -> Proposal:

@@ -143,7 +143,7 @@ class LocalSession(ModelView):
         t0 = time.perf_counter()
         full_len = len(self.prefix_text)
         a = self.anchor_char - full_len  # the anchor's position inside y (negative: inside the prompt)
-        if self.anchor_tok and a >= 0 and y.startswith(self.text[:a]) and len(y) >= a:
+        if self.anchor_tok and a >= 0 and y.startswith(self.text[:a]):
             ids = self.ids[: self.anchor_tok] + self._tokenize(y[a:])
         elif self.anchor_tok and a < 0:
             ids = self.ids[: self.anchor_tok] + self._tokenize(self.prefix_text[self.anchor_char:] + y)

@@ -27,7 +27,7 @@ def margin(logprobs: torch.Tensor) -> float:
 
 def end_logprob(view: ModelView, logprobs: torch.Tensor) -> float:
     """log p(the answer ends here): every end token of the model together. Args: logprobs (V,)."""
-    ids = _index(view, "end_ids")
+    ids = token_index(view, "end_ids")
     return float(torch.logsumexp(logprobs[ids], dim=0)) if ids.numel() else float("-inf")
 
 
@@ -37,7 +37,7 @@ def best_token(view: ModelView, logprobs: torch.Tensor) -> int:
     if t not in view.banned_ids:
         return t
     masked = logprobs.clone()
-    masked[_index(view, "banned_ids")] = float("-inf")
+    masked[token_index(view, "banned_ids")] = float("-inf")
     return int(masked.argmax())
 
 
@@ -46,18 +46,21 @@ def sample_token(view: ModelView, logprobs: torch.Tensor, temperature: float, ge
     if temperature == 0:
         return best_token(view, logprobs)
     scaled = logprobs / temperature  # (V,)
-    scaled[_index(view, "banned_ids")] = float("-inf")
+    scaled[token_index(view, "banned_ids")] = float("-inf")
     probs = torch.softmax(scaled.double().cpu(), dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def _index(view: ModelView, attr: str) -> torch.Tensor:
-    """The token ids of `view.<attr>` as a tensor on the logits' device (built once per view)."""
+def token_index(view: ModelView, key: str, ids=None) -> torch.Tensor:
+    """Token ids as a tensor on the logits' device, built once per view: `view.<key>`, or `ids()` when given."""
     cache = view.__dict__.setdefault("_index_cache", {})
-    if attr not in cache:
-        cache[attr] = torch.tensor(sorted(getattr(view, attr)), dtype=torch.long,
-                                   device=view.next_logprobs.device)
-    return cache[attr]
+    if key not in cache:
+        cache[key] = torch.tensor(sorted(ids() if ids else getattr(view, key)), dtype=torch.long,
+                                  device=view.next_logprobs.device)
+    return cache[key]
+
+
+
 
 
 class Word:
