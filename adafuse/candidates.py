@@ -61,7 +61,10 @@ def first_tokens(s: ModelView, lp: torch.Tensor, count: int, top_k: int, distinc
     text stripped of whitespace; a token that is part of a character counts by its own bytes, not as '�'; empty
     and special non-end tokens skipped)."""
     chosen, seen = [], set()
-    for t in torch.topk(lp, min(top_k, lp.numel())).indices.tolist():
+    top = torch.topk(lp, min(top_k, lp.numel()))
+    for t, v in zip(top.indices.tolist(), top.values.tolist()):
+        if v == float("-inf"):  # past what the model (a server's top-k) gives any probability
+            break
         if t in s.end_ids:
             key = "<end>"
         else:

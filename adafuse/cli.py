@@ -20,7 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="decode one prompt with an ensemble", epilog=EPILOG,
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     run.add_argument("--models", nargs="+", default=list(DEFAULT_PAIR), metavar="MODEL",
-                     help="2 to 4 models (one with --method greedy)")
+                     help="2 to 4 models (one with --method greedy); MODEL@DEVICE[,DTYPE] places one, e.g. "
+                          "gemma3-270m@cuda:1, meta-llama/Llama-3.1-8B-Instruct@auto,bfloat16")
     src = run.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text ('\\n' is read as a newline)")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
@@ -39,7 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop", action="append", default=[], help="stop string (repeatable; '\\n' is a newline)")
     run.add_argument("--compare", action="store_true", help="also run each model alone (greedy)")
     run.add_argument("--json", type=Path, metavar="PATH", help="write the trace as JSON here")
-    run.add_argument("--device", help="cuda, cuda:1, cpu ... (default: CUDA if present)")
+    run.add_argument("--device", help="cuda, cuda:1, cpu, auto ... for every model without @DEVICE "
+                                      "(default: CUDA if present)")
+    workers = run.add_mutually_exclusive_group()
+    workers.add_argument("--parallel", dest="parallel", action="store_true", default=None,
+                         help="run the models side by side, one worker each (default when a model is on a GPU or "
+                              "a server)")
+    workers.add_argument("--sequential", dest="parallel", action="store_false",
+                         help="run the models one after another (default when every model is on the CPU)")
     run.add_argument("--debug", action="store_true", help="show full stack traces on errors")
 
     from .harness.tasks import DEFAULT_DATA, TASKS
@@ -101,7 +109,7 @@ def run(args) -> int:
         print(f"loading {name} ...", file=sys.stderr, flush=True)
         models.append(get_model(name, device=args.device))
         print(f"  {models[-1].describe()}", file=sys.stderr)
-    fuser = AdaFuse(models, cfg)
+    fuser = AdaFuse(models, cfg, parallel=args.parallel)
     d = fuser.start(prompt)
     for r in d:
         print(f"\r  round {r.index + 1}: {r.words} word(s), {len(d.trace.output.split())} so far", end="",
@@ -111,6 +119,7 @@ def run(args) -> int:
     print(f"=== {cfg.method} ({' + '.join(trace.models)}) ===")
     print(trace.output.strip())
     print(f"\n[{len(trace.rounds)} rounds, {trace.words} words, {trace.seconds:.1f}s, stop: {trace.stop_reason}; "
+          f"models: {trace.workers}; "
           f"prompt modes: {', '.join(f'{k}={v}' for k, v in trace.prompt_modes.items())}]\n")
     print(format_table(round_rows(trace)))
     print()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import time
+import weakref
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Iterator, Sequence
 
@@ -10,6 +12,8 @@ from .config import DecodeConfig
 from .errors import ConfigError, PromptError
 from .loading import LoadedModel, get_model
 from .methods import METHODS
+from .parallel import Workers
+from .remote import RemoteModel
 from .scoring import score_candidates
 from .session import LocalSession
 from .trace import Candidate, ModelStep, Round, Trace
@@ -23,21 +27,29 @@ class Decoding:
     """One prompt being decoded. `propose()` decides a round, `commit()` appends it (optionally another
     candidate: counterfactual steering); iterating runs `step()` until a stop."""
 
-    def __init__(self, models: Sequence[LoadedModel], config: DecodeConfig, prompt: str):
+    def __init__(self, models: Sequence[LoadedModel], config: DecodeConfig, prompt: str,
+                 parallel: bool | None = None, threads: int | None = None):
         self.config = config
         self.models = list(models)
         self.names = _unique_names(self.models)
         self.method = METHODS[config.method]
         _validate(self.models, config, prompt)  # every check before any model prefills
         t0 = time.perf_counter()
-        self.sessions: list[ModelView] = [LocalSession(lm, prompt, config.mode, config.stop) for lm in self.models]
+        # each phase of a round runs the models side by side (one worker each) or one after another: `parallel`
+        # True/False, or None to choose (side by side when a model is on a GPU or a server; see `Workers`);
+        # `threads`: torch CPU threads per worker (default: the cores shared out)
+        self.workers = Workers(self.models, parallel, threads)
+        weakref.finalize(self, self.workers.close)
+        self.sessions: list[ModelView] = self.workers.map(
+            lambda m: _open_view(self.models[m], prompt, config), range(len(self.models)))
         self.trace = Trace(
             prompt=prompt, models=self.names, settings=config.to_dict(),
             prompt_modes={n: s.mode_used for n, s in zip(self.names, self.sessions)},
             prefill={n: {"prompt_tokens": s.prompt_tokens, "reused_tokens": s.prefix_reused,
                          "forward_passes": s.forward_passes,
                          "tokens_fed": s.tokens_fed, "seconds": s.seconds} for n, s in zip(self.names, self.sessions)},
-            devices={n: str(lm.device) for n, lm in zip(self.names, self.models)},
+            devices={n: ", ".join(lm.devices) for n, lm in zip(self.names, self.models)},
+            workers=self.workers.describe(),
             seconds=time.perf_counter() - t0,
         )
         # text that ends the answer wherever it appears: the stop strings and every model's end-token strings
@@ -55,9 +67,10 @@ class Decoding:
             return self.pending
         t0 = time.perf_counter()
         before = [s.stats() for s in self.sessions]
-        decided = self.method.round(self)
-        if decided is None:
-            decided = self._pool_round()
+        with self._fatal():
+            decided = self.method.round(self)
+            if decided is None:
+                decided = self._pool_round()
         steps, candidates = decided
         _charge(steps, self.sessions, before)
         winner = min(range(len(candidates)), key=lambda i: (candidates[i].fused is None, candidates[i].fused or 0.0, i))
@@ -72,18 +85,28 @@ class Decoding:
         cfg = self.config
         budget = max(1, cfg.max_new_words - self.trace.words)
         acting = set(self.method.acting(self))
+        output = self.trace.output
+        # a lazy method's idle models catch up on the last round's words beside the acting ones (free in wall time
+        # when the workers run in parallel)
+        catch_up = {m for m in self.method.drawn(self) if m not in acting and self.sessions[m].text != output}
+
+        def act(m: int):
+            s = self.sessions[m]
+            if s.text != output:  # a lazy method's model catching up on the words it did not commit
+                s.commit(output)
+            return self.method.propose(self, s, budget) if m in acting else None
+
+        done = dict(zip(sorted(acting | catch_up), self.workers.map(act, sorted(acting | catch_up))))
         keys: dict[tuple[str, bool], int] = {}
         words: list[int] = []
         proposers: list[list[str]] = []
         own: list[dict[int, Proposal]] = [{} for _ in self.sessions]
         steps = []
-        for m, (name, s) in enumerate(zip(self.names, self.sessions)):
+        for m, name in enumerate(self.names):
             if m not in acting:
                 steps.append(ModelStep(model=name, mode="idle", margins=[], proposals=[]))
                 continue
-            if s.text != self.trace.output:  # a lazy method's model catching up on the words it did not see
-                s.commit(self.trace.output)
-            proposals, mode, margins = self.method.propose(self, s, budget)
+            proposals, mode, margins = done[m]
             indices = []
             for p in proposals:
                 key = self._ending(p.text, p.eos)
@@ -106,8 +129,10 @@ class Decoding:
         candidates = [Candidate(text=t, eos=e, proposers=proposers[i], nll={}, n_tokens={}, fused=None,
                                 words=words[i]) for i, (t, e) in enumerate(cands)]
         if self.method.scores and (len(cands) > 1 or cfg.score_single):
-            for m, (name, s) in enumerate(zip(self.names, self.sessions)):
-                for c, sc in zip(candidates, score_candidates(s, cands, own[m])):
+            scored = self.workers.map(lambda m: score_candidates(self.sessions[m], cands, own[m]),
+                                      range(len(self.sessions)))
+            for name, scores in zip(self.names, scored):
+                for c, sc in zip(candidates, scores):
                     c.nll[name], c.n_tokens[name], c.straddle[name] = sc.nll, sc.n_tokens, sc.straddle
                     if sc.note:
                         c.notes[name] = sc.note
@@ -159,10 +184,11 @@ class Decoding:
             stop = "max_new_words"
         if stop is None:
             before = [s.stats() for s in self.sessions]
-            # a lazy method moves only the models that acted; the others catch up when they next act
-            current = [s for s, st in zip(self.sessions, r.steps) if not self.method.lazy or st.mode != "idle"]
-            for s in current:
-                s.commit(new)
+            # a lazy method moves only the models that acted; the others catch up in the next round's first phase
+            moving = [m for m, st in enumerate(r.steps) if not self.method.lazy or st.mode != "idle"]
+            with self._fatal():
+                self.workers.map(lambda m: self.sessions[m].commit(new), moving)
+            current = [self.sessions[m] for m in moving]
             _charge(r.steps, self.sessions, before)
             if max(len(s.ids) - s.prompt_tokens for s in current) >= cfg.max_new_tokens:
                 stop = "max_new_tokens"
@@ -178,7 +204,20 @@ class Decoding:
         if stop:
             self.done = True
             self.trace.stop_reason = stop
+            self.workers.close()
         return r
+
+    @contextmanager
+    def _fatal(self):
+        """A model failing inside a phase (a server gone, out of memory) ends the decode: the trace keeps every round
+        appended so far and says why; the models' states are not trusted any further."""
+        try:
+            yield
+        except BaseException as exc:
+            self.pending, self.done = None, True
+            self.trace.stop_reason = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+            self.workers.close()
+            raise
 
     def _trim(self, excess: int) -> None:
         """Remove the last `excess` characters of the output from the rounds that wrote them (recorded in `cut`)."""
@@ -198,10 +237,18 @@ class Decoding:
         if not self.done:
             self.done = True
             self.trace.stop_reason = "cancelled"
+            self.workers.close()
 
     def __iter__(self) -> Iterator[Round]:
         while not self.done:
             yield self.step()
+
+
+def _open_view(lm: LoadedModel, prompt: str, config: DecodeConfig) -> ModelView:
+    """The model's view of this decode: a served model's requests, or a local model's KV cache."""
+    if isinstance(lm, RemoteModel):
+        return lm.view(prompt, config.mode, config.stop)
+    return LocalSession(lm, prompt, config.mode, config.stop)
 
 
 def _fuse(c: Candidate) -> float | None:
@@ -245,7 +292,8 @@ def _unique_names(models: Sequence[LoadedModel]) -> list[str]:
 class AdaFuse:
     """Word-level ensemble decoding of 2 to 4 causal LMs (or one model with method="greedy")."""
 
-    def __init__(self, models: Sequence[LoadedModel | str], config: DecodeConfig | None = None, **settings):
+    def __init__(self, models: Sequence[LoadedModel | str], config: DecodeConfig | None = None,
+                 parallel: bool | None = None, threads: int | None = None, **settings):
         if isinstance(models, (str, LoadedModel)):
             models = [models]
         config = replace(config, **settings) if config is not None else DecodeConfig(**settings)
@@ -257,9 +305,11 @@ class AdaFuse:
                               "add models, or use method='greedy' for a single model")
         self.models = [get_model(m) if isinstance(m, str) else m for m in models]
         self.config = config
+        self.parallel = parallel  # models side by side, one worker each (False: one after another; None: choose)
+        self.threads = threads    # torch CPU threads per worker (default: the cores shared out)
 
     def start(self, prompt: str) -> Decoding:
-        return Decoding(self.models, self.config, prompt)
+        return Decoding(self.models, self.config, prompt, self.parallel, self.threads)
 
     def stream(self, prompt: str) -> Iterator[Round]:
         """Yield each round as it is decided and appended."""

@@ -27,3 +27,7 @@ class TraceError(AdafuseError, ValueError):
 
 class CancelledError(AdafuseError):
     """A decode was stopped by the caller between rounds."""
+
+
+class ServerError(AdafuseError, RuntimeError):
+    """A model served by an inference engine is down, too slow, or lacks a feature the decoder needs."""

@@ -48,7 +48,19 @@ class LoadedModel:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where the input ids go (the embedding's device; with device_map="auto" later layers may sit elsewhere)."""
+        emb = self.model.get_input_embeddings() if hasattr(self.model, "get_input_embeddings") else None
+        return emb.weight.device if emb is not None else next(self.model.parameters()).device
+
+    @property
+    def devices(self) -> list[str]:
+        """Every device holding part of the model."""
+        return sorted({str(p.device) for p in self.model.parameters()})
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of weights and buffers."""
+        return sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -99,7 +111,14 @@ class LoadedModel:
         return sorted({self.decode([i]) for i in self.end_ids} - {""})
 
     def describe(self) -> str:
-        return f"{self.name} on {self.device} ({str(self.dtype).replace('torch.', '')}), loaded in {self.load_seconds:.1f}s"
+        return (f"{self.name} on {', '.join(self.devices)} ({str(self.dtype).replace('torch.', '')}, "
+                f"{self.memory_bytes / 2**20:,.0f} MiB), loaded in {self.load_seconds:.1f}s")
+
+    def info(self) -> dict:
+        """Plain facts for tables: name, device, dtype, memory, load time, source."""
+        return {"model": self.name, "device": ", ".join(self.devices), "dtype": str(self.dtype).replace("torch.", ""),
+                "memory_mib": round(self.memory_bytes / 2**20, 1), "load_seconds": round(self.load_seconds, 1),
+                "source": self.source}
 
     @classmethod
     def from_objects(cls, name: str, model, tokenizer, add_bos: bool | None = None,
@@ -108,13 +127,14 @@ class LoadedModel:
         model.eval()
         if add_bos is None:
             add_bos = _tokenizer_adds_bos(tokenizer)
+        vocab = model.get_output_embeddings().weight.shape[0]
         if end_ids is None:
-            end_ids = _end_ids(model, tokenizer)
+            end_ids = _end_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer, vocab)
         end = frozenset(i for i in end_ids if i is not None and i >= 0)
         cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
         return cls(name=name, model=model, tokenizer=tokenizer, add_bos=add_bos, end_ids=end,
                    max_positions=getattr(cfg, "max_position_embeddings", None), source=source,
-                   banned_ids=frozenset(_special_ids(model, tokenizer) - end))
+                   banned_ids=frozenset(_special_ids(tokenizer, vocab) - end))
 
 
 def cache_root() -> Path:
@@ -127,7 +147,8 @@ def default_device() -> str:
 
 
 def default_dtype(device: str) -> torch.dtype:
-    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    gpu = str(device).startswith("cuda") or (str(device) == "auto" and torch.cuda.is_available())
+    return torch.bfloat16 if gpu else torch.float32
 
 
 def _tokenizer_adds_bos(tokenizer) -> bool:
@@ -138,23 +159,22 @@ def _tokenizer_adds_bos(tokenizer) -> bool:
     return bool(ids) and ids[0] == bos
 
 
-def _special_ids(model, tokenizer) -> set[int]:
+def _special_ids(tokenizer, vocab: int) -> set[int]:
     ids = set(getattr(tokenizer, "all_special_ids", []) or [])
     for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
         if getattr(tok, "special", False):
             ids.add(i)
-    vocab = model.get_output_embeddings().weight.shape[0]
     return {i for i in ids if i is not None and 0 <= i < vocab}
 
 
 _END_OF_TURN = re.compile(r"end|eot", re.IGNORECASE)
 
 
-def _end_ids(model, tokenizer) -> set[int]:
-    """The model's EOS set: generation config EOS ids, the tokenizer's EOS, and the special tokens its chat template
-    closes a turn with (`<|im_end|>`, `<end_of_turn>`, `<|eot_id|>`). Other special tokens never end the answer."""
+def _end_ids(eos, tokenizer, vocab: int) -> set[int]:
+    """The model's EOS set: generation config EOS ids (`eos`), the tokenizer's EOS, and the special tokens its chat
+    template closes a turn with (`<|im_end|>`, `<end_of_turn>`, `<|eot_id|>`). Other special tokens never end the
+    answer."""
     ids: set = set()
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
     ids.add(getattr(tokenizer, "eos_token_id", None))
     template = getattr(tokenizer, "chat_template", None)
@@ -164,7 +184,6 @@ def _end_ids(model, tokenizer) -> set[int]:
             if getattr(tok, "special", False) and content and content in template and _END_OF_TURN.search(content):
                 ids.add(i)
     ids.discard(None)
-    vocab = model.get_output_embeddings().weight.shape[0]
     return {i for i in ids if 0 <= i < vocab}
 
 
@@ -258,8 +277,9 @@ def _load_folder(folder: str | Path, device: str, dtype: torch.dtype, trust_remo
     tok_cls = PreTrainedTokenizerFast if meta.get("fast_tokenizer") else AutoTokenizer
     kw = {"trust_remote_code": trust_remote_code, "local_files_only": local_only}
     tokenizer = tok_cls.from_pretrained(folder, **kw)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
-    return model.to(device), tokenizer, meta
+    # straight onto the device (no full CPU copy first); "auto" spreads a model larger than one GPU over the GPUs
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map=str(device), **kw)
+    return model, tokenizer, meta
 
 
 def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | None = None,
@@ -337,22 +357,147 @@ def _wrap_load(name: str, fn):
                              f"{str(exc).splitlines()[0]}") from exc
 
 
+_DEVICE = re.compile(r"^(cpu|auto|mps|cuda(:\d+)?)$")
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def parse_spec(spec: str) -> tuple[str, str | None, str | None]:
+    """`MODEL[@DEVICE[,DTYPE]]` -> (model, device, dtype): `gemma3-270m@cuda:1`, `meta-llama/Llama-3.1-8B@auto,bfloat16`
+    (auto: spread over every GPU), `smollm2-135m-instruct@cpu`. Without `@` the defaults apply."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelNotFoundError("empty model name: give a bundled name "
+                                 f"({', '.join(BUNDLED)}), a Hugging Face id or a local path")
+    spec = spec.strip()
+    name, at, place = spec.rpartition("@")
+    if not at or not name or Path(spec).exists() or spec.startswith(("vllm:", "openai:")):  # served: placed there
+        return spec, None, None
+    device, _, dtype = place.partition(",")
+    device, dtype = device.strip().lower(), dtype.strip().lower() or None
+    if not _DEVICE.match(device):
+        raise ModelLoadError(f"{spec!r}: {device!r} is not a device; write MODEL@cpu, MODEL@cuda:1 or MODEL@auto")
+    if dtype is not None and dtype not in _DTYPES:
+        raise ModelLoadError(f"{spec!r}: unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"{spec!r}: this machine has no MPS device; use cpu")
+    if device.startswith("cuda") or device == "auto":
+        n = torch.cuda.device_count()
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if n == 0 or index >= n:
+            raise ModelLoadError(f"{spec!r}: this machine has {n} CUDA device(s); use "
+                                 + (f"cuda:0…cuda:{n - 1}" if n else "cpu"))
+    return name.strip(), device, dtype
+
+
 _SHARED: dict[tuple, LoadedModel] = {}
 _LOCKS: dict[tuple, threading.Lock] = {}
+_USED: dict[tuple, float] = {}    # last use of each loaded model (least recently used goes first)
 _GUARD = threading.Lock()
 
 
 def get_model(name: str, device: str | None = None, dtype=None, trust_remote_code: bool = False) -> LoadedModel:
-    """Process-wide shared `load_model`: each (name, device, dtype) is loaded once, even under concurrency."""
-    device = device or default_device()
-    key = (name.strip() if isinstance(name, str) else name, str(device), str(dtype), trust_remote_code)
+    """Process-wide shared `load_model`: each (name, device, dtype) is loaded once, even under concurrency.
+
+    `name` may carry its placement (`parse_spec`); `device`/`dtype` arguments fill in what it does not say. When a
+    model does not fit (out of memory, or RAM/GPU memory shows it will not), the least recently used other models
+    are unloaded first."""
+    from .remote import is_remote_spec, load_remote
+    if is_remote_spec(name):  # a model on an inference server: nothing to place here
+        key = (name.strip(), "server", None, False)
+        with _GUARD:
+            lock = _LOCKS.setdefault(key, threading.Lock())
+        with lock:
+            if key not in _SHARED:
+                _SHARED[key] = load_remote(name)
+            _USED[key] = time.monotonic()
+            return _SHARED[key]
+    name, spec_device, spec_dtype = parse_spec(name)
+    device = str(spec_device or device or default_device())
+    device = "cuda:0" if device == "cuda" else device  # one key per place: cuda is cuda:0
+    dtype = spec_dtype or dtype or default_dtype(device)
+    key = (name, device, str(dtype).replace("torch.", ""), trust_remote_code)
     with _GUARD:
         lock = _LOCKS.setdefault(key, threading.Lock())
     with lock:
         if key not in _SHARED:
-            _SHARED[key] = load_model(name, device, dtype, trust_remote_code)
+            need = _estimate_bytes(name, dtype)
+            if need is not None:  # unknown size: load, and make room only if it runs out of memory
+                _make_room(key, need)
+            try:
+                _SHARED[key] = load_model(name, device, dtype, trust_remote_code)
+            except torch.OutOfMemoryError:
+                if not _make_room(key, None):
+                    raise
+                _SHARED[key] = load_model(name, device, dtype, trust_remote_code)
+        _USED[key] = time.monotonic()
         return _SHARED[key]
 
 
+def _estimate_bytes(name: str, dtype) -> int | None:
+    """Weight bytes a local model folder will take (its safetensors on disk, scaled to the target dtype); None when
+    unknown (Hub ids, GGUF files: an out-of-memory error then triggers the eviction)."""
+    path = Path(name).expanduser()
+    files = list(path.glob("*.safetensors")) if path.is_dir() else []
+    if not files:
+        return None
+    size = sum(f.stat().st_size for f in files)
+    try:
+        config = json.loads((path / "config.json").read_text())
+        stored = config.get("dtype") or config.get("torch_dtype") or "float32"
+    except (OSError, ValueError):
+        stored = "float32"
+    target = str(dtype or "float32").replace("torch.", "")
+    width = {"float32": 4, "bfloat16": 2, "float16": 2}
+    return size * width.get(target, 4) // width.get(str(stored), 4)
+
+
+def _free_bytes(device: str) -> int | None:
+    if str(device).startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return free
+    if str(device) == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def _make_room(key: tuple, need: int | None) -> bool:
+    """Unload least recently used models on the same device until `need` bytes fit (None: unload one). True when
+    something was unloaded."""
+    device = key[1]
+    freed = False
+    while True:
+        free = _free_bytes(device)
+        if need is not None and (free is None or free >= need * 1.2):
+            return freed
+        with _GUARD:
+            others = sorted((k for k in _SHARED if k != key and k[1] == device), key=lambda k: _USED.get(k, 0.0))
+        if not others:
+            return freed
+        unload_model(_SHARED[others[0]])
+        freed = True
+        if need is None:
+            return True
+
+
+def unload_model(lm: LoadedModel | str) -> bool:
+    """Forget a loaded model (by object or name): its memory is freed once no decode in progress holds it."""
+    import gc
+    with _GUARD:
+        keys = [k for k, v in _SHARED.items() if v is lm or (isinstance(lm, str) and (v.name == lm or k[0] == lm))]
+        for k in keys:
+            _SHARED.pop(k, None)
+            _USED.pop(k, None)
+    if not keys:
+        return False
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return True
+
+
 def loaded_models() -> list[LoadedModel]:
-    return list(_SHARED.values())
+    """Loaded models, most recently used first."""
+    with _GUARD:
+        return [_SHARED[k] for k in sorted(_SHARED, key=lambda k: -_USED.get(k, 0.0))]

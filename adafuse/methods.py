@@ -33,6 +33,10 @@ class Method:
     def acting(self, d: "Decoding") -> list[int]:
         return list(range(len(d.sessions)))
 
+    def drawn(self, d: "Decoding") -> list[int]:
+        """Models that may act in some round (a lazy method catches only these up)."""
+        return list(range(len(d.sessions)))
+
     def propose(self, d: "Decoding", s: ModelView, budget: int) -> tuple[list[Proposal], str, list[float]]:
         """Model `s`'s proposals this round, its mode and the margins it looked at (`budget`: words left)."""
         raise NotImplementedError
@@ -92,6 +96,9 @@ class Mixture(Method):
 
     def acting(self, d):
         return [d.rng.choices(range(len(d.sessions)), weights=d.config.weights or None)[0]]
+
+    def drawn(self, d):
+        return [m for m in range(len(d.sessions)) if not d.config.weights or d.config.weights[m] > 0]
 
     def propose(self, d, s, budget):
         cfg = d.config

@@ -4,10 +4,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from .candidates import Proposal
 from .view import ModelView
 from .words import common_prefix
-from .writer import end_logprob
+from .writer import end_logprobs
 
 END = -1  # marks "the answer ends here" in a target sequence (scored with all of the model's end tokens)
 
@@ -56,14 +58,26 @@ def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int,
     full = {i: ctx == n_ids and aligned[i] and seqs[i][-1] != END for i in todo}
     rows = {i: _real(seqs[i])[ctx:] if full[i] or seqs[i][-1] == END else _real(seqs[i])[ctx:-1] for i in todo}
     fed = [i for i in todo if rows[i]]
-    out = dict(zip(fed, s.score_rows(ctx, [rows[i] for i in fed], [full[i] for i in fed])))
+    # per fed row, the entries read below and the tokens read there (a served model is asked for just these)
+    wanted = [{p - ctx - 1: sorted(s.end_ids) if seqs[i][p] == END else [seqs[i][p]] for p in batched[i]} for i in fed]
+    out = dict(zip(fed, s.score_rows(ctx, [rows[i] for i in fed], [full[i] for i in fed], wanted)))
+    # the tokens read right after the committed ids (asked of a served model in one request)
+    first_needed = {t for i in todo for p in range(starts[i], len(seqs[i])) if p == n_ids and aligned[i]
+                    for t in (s.end_ids if seqs[i][p] == END else [seqs[i][p]])}
+    first = s.next_exact(sorted(first_needed)) if first_needed else s.next_logprobs
+    # every scored position's log-prob as one tensor, read back in one transfer (no host sync per token)
+    picked: list[torch.Tensor] = []
+    spans = {}
     for i in todo:
-        vals = []
+        lo = len(picked)
         for p in range(starts[i], len(seqs[i])):
-            dist = s.next_logprobs if p == n_ids and aligned[i] else out[i][p - ctx - 1]  # (V,)
+            dist = first if p == n_ids and aligned[i] else out[i][p - ctx - 1]  # (V,)
             tok = seqs[i][p]
-            vals.append(end_logprob(s, dist) if tok == END else float(dist[tok]))
-        logps[i] = vals
+            picked.append(end_logprobs(s, dist) if tok == END else dist[tok])
+        spans[i] = (lo, len(picked))
+    values = torch.stack(picked).tolist() if picked else []
+    for i in todo:
+        logps[i] = values[spans[i][0]: spans[i][1]]
     scores = []
     for i, v in enumerate(logps):
         straddle = not aligned[i]

@@ -15,6 +15,9 @@ from .words import common_prefix, word_starts
 
 # Largest logits block (rows × positions × vocab floats) computed in one forward while scoring.
 MAX_LOGIT_FLOATS = 48_000_000
+# Largest copy of the cached prefix made for one batch (rows × prefix KV bytes): scoring splits its rows to stay
+# under it (an 8B model at 2k tokens holds ~0.25 GB of KV per row).
+MAX_SIDE_CACHE_BYTES = 2 * 2**30
 # Re-anchor the tokenization once the text after the anchor is this many tokens long.
 ANCHOR_EVERY = 48
 
@@ -80,7 +83,7 @@ class LocalBranch(Branch):
 
     def __init__(self, s: "LocalSession", rows: int):
         self.s, self.start = s, len(s.ids)
-        self.cache = copy_cache(s.cache, self.start, rows)
+        self.cache = s.side_cache(self.start, rows)
 
     def step(self, tokens: list[int]) -> torch.Tensor:
         return self.s.run(self.cache, [[t] for t in tokens])[:, -1]  # (N, V)
@@ -92,14 +95,13 @@ class LocalBranch(Branch):
         self.s.remember(tokens, self.cache, row, self.start, logprobs)
 
 
-class LocalSession(ModelView):
-    """Token ids and KV cache of `render(prompt) + y` for one local model.
+class TokenizedView(ModelView):
+    """The text side of a model's view, shared by local and served models: the rendered prompt, the committed text,
+    its token ids (tokenized from an anchor) and byte-exact decoding. Subclasses add the forward passes.
 
-    Invariants: the cache holds `cached_ids` (the committed `ids`, possibly followed by speculative
-    tokens of this model's own greedy proposal); `next_logprobs` is the next-token distribution after
-    `ids`, `end_logprobs` the one after `cached_ids`. `encode` tokenizes from an anchor: `ids[:anchor_tok]`
-    are the tokens of the first `anchor_char` characters of the text, and tokenizing the rest alone gives
-    the rest (checked against a full tokenization whenever the anchor moves).
+    `encode` tokenizes from an anchor: `ids[:anchor_tok]` are the tokens of the first `anchor_char` characters of
+    the text, and tokenizing the rest alone gives the rest (checked against a full tokenization whenever the anchor
+    moves).
     """
 
     def __init__(self, lm: LoadedModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = ()):
@@ -113,6 +115,7 @@ class LocalSession(ModelView):
         self.tokens_fed = 0
         self.seconds = 0.0
         self.tokenizer_seconds = 0.0
+        self.peak_side_bytes = 0  # the largest prefix copy a batch made (exploration, beam, scoring)
         self.anchor_char, self.anchor_tok = 0, 0
         self.ids = self.encode("")
         self.prompt_tokens = len(self.ids)
@@ -120,15 +123,6 @@ class LocalSession(ModelView):
             raise PromptError(f"the prompt is {self.prompt_tokens} tokens for {lm.name}, whose context holds "
                               f"{lm.max_positions}: shorten it (fewer few-shot examples)")
         self._move_anchor()
-        # full layers only: sliding-window layers could not be cropped
-        self.cache, reused = PREFIXES.lookup(lm, self.ids)
-        self.cached_ids = self.ids[:reused]
-        self.end_logprobs = self._feed(self.ids[reused:])[-1]
-        self.next_logprobs = self.end_logprobs
-        self.prefix_reused = reused
-        # token tuples after `ids` whose KV (new positions only) and next-token log-probs a batch already computed
-        self.adoptable: dict[tuple[int, ...], tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]] = {}
-        PREFIXES.store(lm, self.ids, self.cache)
 
     # ---- tokenization ----
     def _tokenize(self, text: str) -> list[int]:
@@ -189,6 +183,26 @@ class LocalSession(ModelView):
     def vocab_texts(self) -> list[str]:
         return self.lm.vocab_texts()
 
+class LocalSession(TokenizedView):
+    """Token ids and KV cache of `render(prompt) + y` for one local model.
+
+    Invariants: the cache holds `cached_ids` (the committed `ids`, possibly followed by speculative
+    tokens of this model's own greedy proposal); `next_logprobs` is the next-token distribution after
+    `ids`, `end_logprobs` the one after `cached_ids`.
+    """
+
+    def __init__(self, lm: LoadedModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = ()):
+        super().__init__(lm, prompt, mode, stop)
+        # full layers only: sliding-window layers could not be cropped
+        self.cache, reused = PREFIXES.lookup(lm, self.ids)
+        self.cached_ids = self.ids[:reused]
+        self.end_logprobs = self._feed(self.ids[reused:])[-1]
+        self.next_logprobs = self.end_logprobs
+        self.prefix_reused = reused
+        # token tuples after `ids` whose KV (new positions only) and next-token log-probs a batch already computed
+        self.adoptable: dict[tuple[int, ...], tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]] = {}
+        PREFIXES.store(lm, self.ids, self.cache)
+
     # ---- forward passes ----
     @torch.inference_mode()
     def _feed(self, new: list[int]) -> torch.Tensor:
@@ -200,8 +214,14 @@ class LocalSession(ModelView):
         self.cached_ids = self.cached_ids + list(new)
         self.forward_passes += 1
         self.tokens_fed += len(new)
+        return self._timed(t0, torch.log_softmax(out.logits[0].float(), dim=-1))  # (T, V)
+
+    def _timed(self, t0: float, result: torch.Tensor) -> torch.Tensor:
+        """Charge the seconds since `t0`; on CUDA once the kernels queued on this stream have run (asynchronous)."""
+        if result.device.type == "cuda":
+            torch.cuda.current_stream(result.device).synchronize()
         self.seconds += time.perf_counter() - t0
-        return torch.log_softmax(out.logits[0].float(), dim=-1)  # (T, V)
+        return result
 
     def extend(self, token: int) -> torch.Tensor:
         self.end_logprobs = self._feed([token])[-1]
@@ -251,12 +271,13 @@ class LocalSession(ModelView):
         return LocalBranch(self, rows)
 
     @torch.inference_mode()
-    def score_rows(self, start: int, rows: list[list[int]], remember: list[bool]) -> list[torch.Tensor]:
+    def score_rows(self, start: int, rows: list[list[int]], remember: list[bool], wanted=None) -> list[torch.Tensor]:
         if not rows:
             return []
         assert 0 <= start <= len(self.ids) and all(rows)
         longest = max(len(r) for r in rows)
-        chunk = max(1, MAX_LOGIT_FLOATS // (longest * self.lm.vocab_size))
+        chunk = max(1, min(MAX_LOGIT_FLOATS // (longest * self.lm.vocab_size),
+                           MAX_SIDE_CACHE_BYTES // max(1, start * self.kv_bytes_per_token())))
         out: list[torch.Tensor] = []
         for lo in range(0, len(rows), chunk):
             out.extend(self._score_chunk(start, rows[lo: lo + chunk], remember[lo: lo + chunk]))
@@ -265,13 +286,23 @@ class LocalSession(ModelView):
     def _score_chunk(self, start: int, rows: list[list[int]], flags: list[bool]) -> list[torch.Tensor]:
         n, width = len(rows), max(len(r) for r in rows)
         pad = rows[0][0]
-        cache = copy_cache(self.cache, start, n)
+        cache = self.side_cache(start, n)
         # Right padding: causal attention keeps every real position blind to the pads after it.
         logp = self.run(cache, [r + [pad] * (width - len(r)) for r in rows])  # (N, T, V)
         for i, r in enumerate(rows):
             if flags[i]:
                 self.remember(r, cache, i, start, logp[i, len(r) - 1])
         return [logp[i, : len(r)] for i, r in enumerate(rows)]
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys and values one position takes in the cache (every layer)."""
+        return sum((layer.keys[0, :, :1].numel() + layer.values[0, :, :1].numel()) * layer.keys.element_size()
+                   for layer in self.cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel())
+
+    def side_cache(self, start: int, rows: int) -> DynamicCache:
+        """`rows` copies of the first `start` cached positions, for a batch that must not touch the live cache."""
+        self.peak_side_bytes = max(self.peak_side_bytes, rows * start * self.kv_bytes_per_token())
+        return copy_cache(self.cache, start, rows)
 
     @torch.inference_mode()
     def run(self, cache: DynamicCache, rows: list[list[int]]) -> torch.Tensor:
@@ -281,8 +312,7 @@ class LocalSession(ModelView):
         logits = self.lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True).logits  # (N, T, V)
         self.forward_passes += 1
         self.tokens_fed += input_ids.numel()
-        self.seconds += time.perf_counter() - t0
-        return torch.log_softmax(logits.float(), dim=-1)
+        return self._timed(t0, torch.log_softmax(logits.float(), dim=-1))
 
     def stats(self) -> tuple[int, int, float]:
         return self.forward_passes, self.tokens_fed, self.seconds

@@ -73,6 +73,7 @@ class Trace:
     prefill: dict[str, dict] = field(default_factory=dict)  # per model: prompt_tokens, forward_passes, tokens_fed, seconds
     seconds: float = 0.0
     devices: dict[str, str] = field(default_factory=dict)
+    workers: str = ""              # how the models ran: "parallel (2 workers, 1 CPU thread(s) each)" or "sequential"
     version: int = TRACE_VERSION
 
     # ---- derived numbers the CLI, app and benchmark read ----

@@ -72,10 +72,17 @@ class ModelView(ABC):
         """`rows` continuations after the committed ids, advanced together."""
 
     @abstractmethod
-    def score_rows(self, start: int, rows: list[list[int]], remember: list[bool]) -> list[torch.Tensor]:
+    def score_rows(self, start: int, rows: list[list[int]], remember: list[bool],
+                   wanted: list[dict[int, list[int]]] | None = None) -> list[torch.Tensor]:
         """Feed `rows` after ids[:start] without touching the committed state; per row a (len, V) tensor of
         log-probs (entry j: the distribution after row[:j + 1]). Rows flagged in `remember` may be committed
-        next: keep what a commit would compute."""
+        next: keep what a commit would compute. `wanted[i]` ({entry: token ids}) says which values the caller
+        reads; a view that cannot give whole distributions (a served model) gives those exactly, -inf elsewhere."""
+
+    def next_exact(self, tokens: list[int]) -> torch.Tensor:
+        """`next_logprobs` with these tokens' values exact (a served model's top-k misses the rest; a local model's
+        vector is whole already)."""
+        return self.next_logprobs
 
     @abstractmethod
     def commit(self, y: str) -> None:

@@ -27,8 +27,15 @@ def margin(logprobs: torch.Tensor) -> float:
 
 def end_logprob(view: ModelView, logprobs: torch.Tensor) -> float:
     """log p(the answer ends here): every end token of the model together. Args: logprobs (V,)."""
+    return float(end_logprobs(view, logprobs))
+
+
+def end_logprobs(view: ModelView, logprobs: torch.Tensor) -> torch.Tensor:
+    """log p(the answer ends here) for each row of `logprobs` (..., V) -> (...), on its device (no host sync)."""
     ids = token_index(view, "end_ids")
-    return float(torch.logsumexp(logprobs[ids], dim=0)) if ids.numel() else float("-inf")
+    if not ids.numel():
+        return torch.full(logprobs.shape[:-1], float("-inf"), device=logprobs.device)
+    return torch.logsumexp(logprobs[..., ids], dim=-1)
 
 
 def best_token(view: ModelView, logprobs: torch.Tensor) -> int:

@@ -11,6 +11,8 @@ from dataclasses import replace
 from adafuse import AdaFuse, DecodeConfig, Decoding, Trace, get_model, greedy
 from adafuse.errors import AdafuseError, ConfigError
 from adafuse.harness.evaluate import parse_methods
+from adafuse.loading import loaded_models, parse_spec, unload_model
+from adafuse.remote import is_remote_spec
 
 # Methods the page can decode side by side with the main one (label -> settings).
 COMPARE_METHODS = {"beam (no diversity)": {"method": "beam"}, "fixed span 1": {"method": "fixed-span", "span_words": 1},
@@ -38,6 +40,45 @@ def validate_models(names) -> list[str]:
     return names
 
 
+def device_choices() -> list[str]:
+    """What the "Device for all models" menu offers on this machine."""
+    import torch
+    n = torch.cuda.device_count()
+    return ["default", "cpu", *(f"cuda:{i}" for i in range(n))] + (["auto"] if n else [])
+
+
+def model_specs(names, device: str | None = None) -> list[str]:
+    """`validate_models`, then `@DEVICE` added to each name that does not place itself (`MODEL@cuda:1`); "default"
+    or None adds nothing. A bad device or dtype raises ModelLoadError here, before any model loads."""
+    out = []
+    for n in validate_models(names):
+        if device and device != "default" and parse_spec(n)[1] is None and not is_remote_spec(n):
+            n = f"{n}@{device}"
+        parse_spec(n)
+        out.append(n)
+    return out
+
+
+LOADED_COLUMNS = {"model": "model", "device": "device", "dtype": "dtype", "memory_mib": "memory (MiB)",
+                  "load_seconds": "load time (s)", "source": "source"}
+
+
+def loaded_frame(models=None):
+    """The loaded models (most recently used first) as a table; `models`: objects with `.info()`."""
+    import pandas as pd
+    rows = [lm.info() for lm in (loaded_models() if models is None else models)]
+    return pd.DataFrame([{LOADED_COLUMNS[k]: r.get(k) for k in LOADED_COLUMNS} for r in rows],
+                        columns=list(LOADED_COLUMNS.values()))
+
+
+def unload(name: str | None) -> str:
+    if not name:
+        raise ConfigError("pick a loaded model to unload")
+    if not unload_model(name):
+        return f"{name} is not loaded"
+    return f"✓ unloaded {name} (its memory is freed once no decode in progress holds it)"
+
+
 @dataclass
 class Explorer:
     """What one browser session is looking at."""
@@ -53,16 +94,16 @@ class Explorer:
     def pending(self):
         return self.decoding.pending if self.decoding is not None and not self.decoding.done else None
 
-    def load(self, names) -> str:
+    def load(self, names, device: str | None = None) -> str:
         lines = []
-        for n in validate_models(names):
+        for n in model_specs(names, device):
             lm = get_model(n)
             lines.append(f"✓ {lm.describe()}")
         return "\n".join(lines)
 
-    def begin(self, names, cfg: DecodeConfig, prompt: str, resume: bool) -> Decoding:
+    def begin(self, names, cfg: DecodeConfig, prompt: str, resume: bool, device: str | None = None) -> Decoding:
         """Continue the decode in progress when it has the same settings, else start a new one."""
-        names = validate_models(names)
+        names = model_specs(names, device)
         key = (tuple(names), cfg, prompt)
         if resume and self.decoding is not None and not self.decoding.done and key == self.key:
             return self.decoding
@@ -71,14 +112,14 @@ class Explorer:
         self.trace, self.singles, self.others, self.key = self.decoding.trace, {}, {}, key
         return self.decoding
 
-    def run_others(self, names, cfg: DecodeConfig, prompt: str, labels):
-        models = [get_model(n) for n in validate_models(names)]
+    def run_others(self, names, cfg: DecodeConfig, prompt: str, labels, device: str | None = None):
+        models = [get_model(n) for n in model_specs(names, device)]
         for label in labels or []:
             self.others[label] = AdaFuse(models, replace(cfg, **COMPARE_METHODS[label])).generate(prompt)
             yield label
 
-    def run_singles(self, names, cfg: DecodeConfig, prompt: str):
-        for n in validate_models(names):
+    def run_singles(self, names, cfg: DecodeConfig, prompt: str, device: str | None = None):
+        for n in model_specs(names, device):
             self.singles[n] = greedy(get_model(n), prompt, cfg)
             yield n
 
@@ -87,7 +128,7 @@ class Explorer:
         self.decoding, self.trace, self.singles, self.others, self.key = None, trace, {}, {}, None
         return trace
 
-    def evaluate(self, task_name: str, limit: int, methods, names, base: dict) -> list[dict]:
+    def evaluate(self, task_name: str, limit: int, methods, names, base: dict, device: str | None = None) -> list[dict]:
         """Run a task batch (progress through tqdm) and keep its rows for browsing."""
         from adafuse.harness.evaluate import evaluate, load_results
         from adafuse.harness.tasks import TASKS
@@ -95,7 +136,7 @@ class Explorer:
             raise ConfigError(f"unknown task {task_name!r}: pick one of {', '.join(TASKS)}")
         if not methods:
             raise ConfigError("pick at least one method to evaluate")
-        runs = parse_methods(list(methods), validate_models(names))
+        runs = parse_methods(list(methods), model_specs(names, device))
         out = Path(tempfile.mkdtemp(prefix="adafuse-eval-"))
         evaluate(TASKS[task_name], runs, out, limit=int(limit), base=base, progress=True)
         self.eval_rows = load_results(out)

@@ -9,7 +9,8 @@ from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
 from adafuse.report import candidate_label
 
 from . import plots
-from .controller import COMPARE_METHODS, EVAL_METHODS, Explorer, disagreements, friendly, load_examples, parse_stops
+from .controller import (COMPARE_METHODS, EVAL_METHODS, Explorer, device_choices, disagreements, friendly,
+                         load_examples, loaded_frame, parse_stops, unload)
 
 CSS = """
 .af-out {font-family: ui-serif, Georgia, serif; font-size: 1.08rem; line-height: 1.9; padding: 12px 14px;
@@ -47,9 +48,19 @@ def _choices(pending) -> list[tuple[str, int]]:
     return out
 
 
-def render(ex: Explorer, status: str = "", selected: int | None = None, export: bool = True):
+def loaded_views(loaded: bool = True):
+    """The loaded-models table and the unload menu (both left as they are when `loaded` is False)."""
+    if not loaded:
+        return gr.update(), gr.update()
+    frame = loaded_frame()
+    names = list(dict.fromkeys(frame["model"]))
+    return frame, gr.update(choices=names, value=names[-1] if names else None)
+
+
+def render(ex: Explorer, status: str = "", selected: int | None = None, export: bool = True, loaded: bool = False):
     """Every view from the session's trace, in the order of OUTPUTS. `export=False` while rounds stream in: the
-    trace file for the download button is written once the run ends, not rewritten every round."""
+    trace file for the download button is written once the run ends, not rewritten every round. `loaded`: also
+    refresh the loaded-models table (after models may have loaded or been evicted)."""
     t, pending = ex.trace, ex.pending
     n = len(t.rounds) if t else 0
     if selected is None or selected >= n:  # the latest round that had a real choice to make
@@ -69,13 +80,14 @@ def render(ex: Explorer, status: str = "", selected: int | None = None, export: 
                   interactive=bool(choices)),
         status,
         gr.update(value=ex.export(), interactive=t is not None) if export else gr.update(),
+        *loaded_views(loaded),
     )
 
 
 def _error(ex: Explorer, exc: BaseException):
     msg = friendly(exc)
     gr.Warning(msg)
-    return render(ex, f"⚠️ **Error:** {html.escape(msg)}")
+    return render(ex, f"⚠️ **Error:** {html.escape(msg)}", loaded=True)
 
 
 def build_demo() -> gr.Blocks:
@@ -87,9 +99,22 @@ def build_demo() -> gr.Blocks:
             with gr.Column(scale=1, min_width=300):
                 models = gr.Dropdown(choices=list(BUNDLED) + list(PAPER_MODELS), value=list(DEFAULT_PAIR),
                                      multiselect=True, allow_custom_value=True, max_choices=4,
-                                     label="Base models (2–4; type any HF id or local path)")
+                                     label="Base models (2–4; type any HF id or local path)", elem_id="af-models",
+                                     info="Place a model by typing `MODEL@cuda:1`, `MODEL@cpu` or "
+                                          "`MODEL@auto,bfloat16` (auto: spread over every GPU; dtype float32, "
+                                          "bfloat16 or float16); a model on a vLLM server: "
+                                          "`vllm:http://HOST:PORT/v1#SERVED-NAME`.")
+                device = gr.Dropdown(device_choices(), value="default", label="Device for all models",
+                                     info="Added to each model without its own @DEVICE; default: CUDA when "
+                                          "present, else CPU.", elem_id="af-device")
                 load_btn = gr.Button("Load models", size="sm")
-                load_status = gr.Markdown("Bundled pair preselected; models load on first use.")
+                load_status = gr.Markdown("Bundled pair preselected; models load on first use.",
+                                          elem_id="af-load-status")
+                loaded_df = gr.Dataframe(loaded_frame([]), label="Loaded models", interactive=False,
+                                         elem_id="af-loaded")
+                with gr.Row():
+                    unload_pick = gr.Dropdown([], label="Loaded model", scale=2, elem_id="af-unload-pick")
+                    unload_btn = gr.Button("Unload", size="sm", scale=1, elem_id="af-unload")
                 tau = gr.Slider(0, 1, value=0.7, step=0.05, label="τΔ: commit when Δ ≥ τΔ")
                 max_words = gr.Slider(1, 5, value=3, step=1, label="M: most words per confident round")
                 branches = gr.Slider(1, 8, value=3, step=1, label="B: candidates when unsure")
@@ -152,43 +177,51 @@ def build_demo() -> gr.Blocks:
                                  elem_id="af-upload")
 
         outputs = [fused, compare_view, margins_plot, pool_plot, wpr_plot, rounds_df, cost_df, cost_plot, round_sel,
-                   choice, status, download]
+                   choice, status, download, loaded_df, unload_pick]
         settings = [tau, max_words, branches, diversity, max_new_words, mode, stop]
 
         # ---- wiring ----
-        def on_load(names, progress=gr.Progress()):
+        def on_load(names, dev, progress=gr.Progress()):
             try:
                 progress(0, desc="loading models (the first load of a GGUF converts it: a minute or two)")
-                return Explorer().load(names)
+                return Explorer().load(names, dev)
             except Exception as exc:  # noqa: BLE001 - shown to the user, app keeps serving
                 return f"⚠️ {friendly(exc)}"
 
-        def on_run(ex, names, prompt_text, want_singles, other_methods, *s):
+        def on_unload(name):
+            try:
+                msg = unload(name)
+            except Exception as exc:  # noqa: BLE001
+                msg = f"⚠️ {friendly(exc)}"
+            return (msg, *loaded_views())
+
+        def on_run(ex, names, dev, prompt_text, want_singles, other_methods, *s):
             ex = ex or Explorer()
             try:
                 cfg = _settings(*s)
                 yield (ex, *render(ex, "… loading models and reading the prompt", export=False))
-                d = ex.begin(names, cfg, prompt_text, resume=True)
-                yield (ex, *render(ex, "… decoding", export=False))
+                d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
+                yield (ex, *render(ex, "… decoding", export=False, loaded=True))
                 while not d.done:
                     r = d.step()
                     yield (ex, *render(ex, f"… round {r.index + 1} · {d.trace.words} words", export=False))
-                for label in ex.run_others(names, cfg, prompt_text, other_methods):
+                for label in ex.run_others(names, cfg, prompt_text, other_methods, dev):
                     yield (ex, *render(ex, f"… {label} done", export=False))
                 if want_singles:
-                    for name in ex.run_singles(names, cfg, prompt_text):
+                    for name in ex.run_singles(names, cfg, prompt_text, dev):
                         yield (ex, *render(ex, f"… {name} alone done", export=False))
                 yield (ex, *render(ex, f"✓ done: {d.trace.words} words in {len(d.trace.rounds)} rounds "
-                                       f"({d.trace.seconds:.1f}s), stop: {d.trace.stop_reason}"))
+                                       f"({d.trace.seconds:.1f}s), stop: {d.trace.stop_reason}", loaded=True))
             except Exception as exc:  # noqa: BLE001
                 yield (ex, *_error(ex, exc))
 
-        def on_step(ex, names, prompt_text, picked, *s):
+        def on_step(ex, names, dev, prompt_text, picked, *s):
             ex = ex or Explorer()
             try:
                 cfg = _settings(*s)
-                fresh = ex.decoding is None or ex.decoding.done or ex.key != (tuple(names or []), cfg, prompt_text)
-                d = ex.begin(names, cfg, prompt_text, resume=not fresh)
+                before = ex.decoding
+                d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)  # same settings: the same decode
+                fresh = d is not before
                 if not fresh and d.pending is not None:
                     r = d.commit(int(picked) if picked is not None else None)
                     note = f"committed round {r.index}" + (" (your override)" if r.overridden else "")
@@ -199,7 +232,7 @@ def build_demo() -> gr.Blocks:
                     note += f"; round {p.index} decided — pick a candidate or press Step to accept the winner"
                 else:
                     note += f"; finished ({d.trace.stop_reason})"
-                return (ex, *render(ex, f"› {note}"))
+                return (ex, *render(ex, f"› {note}", loaded=True))
             except Exception as exc:  # noqa: BLE001
                 return (ex, *_error(ex, exc))
 
@@ -227,13 +260,13 @@ def build_demo() -> gr.Blocks:
             except Exception as exc:  # noqa: BLE001
                 return (ex, *_error(ex, exc))
 
-        def on_eval(ex, task_name, n, methods, names, tau_v, m_v, b_v, progress=gr.Progress(track_tqdm=True)):
+        def on_eval(ex, task_name, n, methods, names, dev, tau_v, m_v, b_v, progress=gr.Progress(track_tqdm=True)):
             import pandas as pd
             from adafuse.harness.evaluate import summarize
             ex = ex or Explorer()
             try:
                 rows = ex.evaluate(task_name, n, methods, names,
-                                   {"tau": float(tau_v), "max_words": int(m_v), "branches": int(b_v)})
+                                   {"tau": float(tau_v), "max_words": int(m_v), "branches": int(b_v)}, dev)
                 diff = disagreements(rows)
                 labels = sorted({r["method"] for r in rows})
                 return (ex, f"✓ {len(rows)} runs on {task_name}; {len(diff)} disagreement(s)",
@@ -252,14 +285,19 @@ def build_demo() -> gr.Blocks:
             except Exception as exc:  # noqa: BLE001
                 return (ex, *_error(ex, exc))
 
-        load_btn.click(on_load, [models], [load_status])
-        eval_btn.click(on_eval, [state, eval_task, eval_n, eval_methods, models, tau, max_words, branches],
+        refresh = [loaded_df, unload_pick]
+        demo.load(loaded_views, None, refresh, show_progress="hidden")
+        load_btn.click(on_load, [models, device], [load_status]).then(loaded_views, None, refresh,
+                                                                      show_progress="hidden")
+        unload_btn.click(on_unload, [unload_pick], [load_status, *refresh])
+        eval_btn.click(on_eval, [state, eval_task, eval_n, eval_methods, models, device, tau, max_words, branches],
                        [state, eval_status, eval_summary, eval_diff, open_method, open_line],
-                       concurrency_limit=1, concurrency_id="eval")
+                       concurrency_limit=1, concurrency_id="eval").then(loaded_views, None, refresh,
+                                                                       show_progress="hidden")
         open_btn.click(on_open, [state, open_line, open_method], [state, *outputs])
-        run_evt = run_btn.click(on_run, [state, models, prompt, compare, others, *settings], [state, *outputs],
+        run_evt = run_btn.click(on_run, [state, models, device, prompt, compare, others, *settings], [state, *outputs],
                                 concurrency_limit=2, concurrency_id="decode")
-        step_evt = step_btn.click(on_step, [state, models, prompt, choice, *settings], [state, *outputs],
+        step_evt = step_btn.click(on_step, [state, models, device, prompt, choice, *settings], [state, *outputs],
                                   concurrency_limit=2, concurrency_id="decode")
         cancel_btn.click(on_cancel, [state], [state, *outputs], cancels=[run_evt, step_evt])
         reset_btn.click(on_reset, None, [state, *outputs], cancels=[run_evt, step_evt])

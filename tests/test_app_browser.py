@@ -108,8 +108,14 @@ def test_run_mode_renders_every_view_and_exports(page, tmp_path):
     pg = page
     pick_example(pg, "QA · tallest mountain", "tallest mountain")
     pg.get_by_label("fixed span 2").check()
+    pg.locator("#af-device input").click()
+    pg.get_by_role("option", name="cpu", exact=True).click()
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done")
+    pg.locator("#af-loaded .virtual-row").first.wait_for()
+    rows = pg.locator("#af-loaded .virtual-row").all_inner_texts()
+    for name in ("smollm2-135m-instruct", "gemma3-270m"):  # loaded on first use, each on the CPU
+        assert any(name in r and "cpu" in r.split() for r in rows), rows
     assert pg.locator("#af-fused .af-out .af-span").count() > 0
     assert pg.locator("#af-fused .af-out").inner_text().strip()
     pg.screenshot(path=str(SHOTS / "run-output.png"), full_page=True)
@@ -199,3 +205,12 @@ def test_evaluate_tab_lists_results_and_opens_a_trace(page):
     pg.get_by_role("button", name="Open in the explorer views").click()
     wait_status(pg, "rounds", 60)
     assert pg.locator("#af-fused .af-span").count() > 0
+    pg.locator("#af-unload-pick input").click()  # last test: unloading costs the next run a reload
+    pg.get_by_role("option", name="gemma3-270m", exact=True).click()
+    pg.locator("#af-unload").click()
+    pg.locator("#af-load-status", has_text="unloaded gemma3-270m").wait_for()
+    end = time.time() + 30
+    while "gemma3-270m" in pg.locator("#af-loaded").inner_text():
+        assert time.time() < end, "the loaded-models table still lists gemma3-270m"
+        time.sleep(0.5)
+    assert "smollm2-135m-instruct" in pg.locator("#af-loaded").inner_text()

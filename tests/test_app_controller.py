@@ -1,8 +1,11 @@
-"""The app's non-UI logic: stop parsing, model-count checks, disagreement listing, friendly errors."""
+"""The app's non-UI logic: stop parsing, model-count checks, model placement, the loaded-models table, disagreement
+listing, friendly errors (no model loads here)."""
 import pytest
 
-from adafuse.errors import ConfigError, PromptError
-from app.controller import Explorer, disagreements, friendly, load_examples, parse_stops, validate_models
+import app.controller as controller
+from adafuse.errors import ConfigError, ModelLoadError, PromptError
+from app.controller import (Explorer, device_choices, disagreements, friendly, load_examples, loaded_frame,
+                            model_specs, parse_stops, unload, validate_models)
 
 
 def test_stop_strings_one_per_line_with_escapes():
@@ -41,3 +44,75 @@ def test_friendly_errors_never_show_a_stack_trace():
     assert "still running" in friendly(KeyError("x"))
     with pytest.raises(ConfigError):
         Explorer().open_example(1, "adafuse")
+
+
+def test_device_for_all_models_goes_only_where_a_name_has_no_placement():
+    assert model_specs([" a ", "b@cpu"]) == ["a", "b@cpu"]
+    assert model_specs(["a", "b"], "default") == ["a", "b"]
+    assert model_specs(["a", "b@cpu,bfloat16"], "cpu") == ["a@cpu", "b@cpu,bfloat16"]
+    with pytest.raises(ConfigError):
+        model_specs(["a"], "cpu")
+
+
+def test_bad_placements_raise_typed_errors_before_anything_loads(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(controller, "get_model", lambda n: pytest.fail(f"{n} should not load"))
+    assert model_specs(["a", "b"], "cuda:0") == ["a@cuda:0", "b@cuda:0"]
+    for names, device, says in ((["a@gpu", "b"], None, "is not a device"), (["a", "b"], "cuda:3", "1 CUDA device"),
+                                (["a@cpu,int8", "b"], "cpu", "unknown dtype")):
+        with pytest.raises(ModelLoadError, match=says) as err:
+            Explorer().load(names, device)
+        assert friendly(err.value) == str(err.value)  # shown on the page as it is
+
+
+def test_device_menu_follows_the_cuda_devices(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert device_choices() == ["default", "cpu"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device_choices() == ["default", "cpu", "cuda:0", "cuda:1", "auto"]
+
+
+def test_load_passes_the_placed_specs_to_get_model(monkeypatch):
+    seen = []
+
+    class Fake:
+        def __init__(self, spec):
+            self.spec = spec
+
+        def describe(self):
+            return f"{self.spec} ready"
+
+    monkeypatch.setattr(controller, "get_model", lambda n: seen.append(n) or Fake(n))
+    assert Explorer().load(["a", "b@cpu"], "cpu") == "✓ a@cpu ready\n✓ b@cpu ready"
+    assert seen == ["a@cpu", "b@cpu"]
+
+
+class FakeLoaded:
+    def __init__(self, name, device):
+        self.name, self.device = name, device
+
+    def info(self):
+        return {"model": self.name, "device": self.device, "dtype": "float32", "memory_mib": 512.0,
+                "load_seconds": 1.5, "source": f"/models/{self.name}"}
+
+
+def test_loaded_models_table(monkeypatch):
+    frame = loaded_frame([FakeLoaded("a", "cpu"), FakeLoaded("b", "cuda:0, cuda:1")])
+    assert list(frame.columns) == ["model", "device", "dtype", "memory (MiB)", "load time (s)", "source"]
+    assert frame.to_dict("records")[1] == {"model": "b", "device": "cuda:0, cuda:1", "dtype": "float32",
+                                           "memory (MiB)": 512.0, "load time (s)": 1.5, "source": "/models/b"}
+    empty = loaded_frame([])
+    assert empty.empty and list(empty.columns) == list(frame.columns)
+    monkeypatch.setattr(controller, "loaded_models", lambda: [FakeLoaded("c", "cpu")])
+    assert loaded_frame()["model"].tolist() == ["c"]  # the registry by default
+
+
+def test_unload_says_what_it_did(monkeypatch):
+    gone = []
+    monkeypatch.setattr(controller, "unload_model", lambda n: n == "a" and not gone.append(n))
+    assert "unloaded a" in unload("a") and gone == ["a"]
+    assert "not loaded" in unload("b")
+    with pytest.raises(ConfigError):
+        unload(None)

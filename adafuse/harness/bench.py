@@ -1,4 +1,6 @@
-"""Benchmark: `python -m adafuse.harness.bench` prints per-method cost on TriviaQA and GSM8K with the bundled pair."""
+"""Benchmark: `python -m adafuse.harness.bench` prints per-method cost on TriviaQA and GSM8K with the bundled pair,
+each ensemble method run twice: models one after another (sequential, every core for each model) and side by side
+(parallel, one worker per model with the cores shared out)."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +8,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 from ..config import DecodeConfig
 from ..decoder import AdaFuse, greedy
@@ -55,28 +59,48 @@ def main(argv=None) -> int:
     p.add_argument("--gsm8k", type=int, default=5)
     p.add_argument("--models", nargs=2, default=list(DEFAULT_PAIR))
     p.add_argument("--out", type=Path, help="write every trace here (JSONL)")
+    p.add_argument("--remote", action="store_true",
+                   help="instead: the first model served by a vLLM server started here (./dev vllm) vs local, "
+                        "on the TriviaQA questions")
     args = p.parse_args(argv)
+    if args.remote:
+        return remote_bench(args)
     models = [get_model(m) for m in args.models]
-    methods = {"AdaFuse B=1": dict(branches=1), "AdaFuse B=3": dict(branches=3),
-               "mixture (ME, greedy words)": dict(method="mixture", temperature=0.0)}
+    methods = {}
+    for name, kw in (("AdaFuse B=1", dict(branches=1)), ("AdaFuse B=3", dict(branches=3)),
+                     ("mixture (ME, greedy words)", dict(method="mixture", temperature=0.0))):
+        methods[f"{name} sequential"] = dict(kw, parallel=False)
+        methods[f"{name} parallel"] = dict(kw, parallel=True)
     work = tasks(args.data, args.trivia, args.gsm8k)
-    rows, quarters = [], {}
+    rows, quarters, peaks = [], {}, {}
     sink = args.out.open("w") if args.out else None
     for task in ("triviaqa", "gsm8k"):
         items = [(prompt, cfg) for t, prompt, cfg in work if t == task]
         if not items:
             continue
         stats: dict[str, dict] = {}
-        runs = [(name, lambda pr, c, kw=kw: AdaFuse(models, c, tau=0.7, **kw).generate(pr)) for name, kw in methods.items()]
+        def ensemble(prompt, cfg, kw):
+            d = AdaFuse(models, cfg, tau=0.7, **kw).start(prompt)
+            for _ in d:
+                pass
+            for s in d.sessions:
+                peaks[s.name] = max(peaks.get(s.name, 0), s.peak_side_bytes)
+            return d.trace
+
+        runs = [(name, lambda pr, c, kw=kw: ensemble(pr, c, kw)) for name, kw in methods.items()]
         runs += [(f"{lm.name} alone", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
         for name, fn in runs:
-            st = stats.setdefault(name, {"words": 0, "wall": 0.0, "decode": 0.0, **{m.name: [0, 0] for m in models}})
+            st = stats.setdefault(name, {"words": 0, "wall": 0.0, "decode": 0.0, "rounds": 0, "slower": 0.0,
+                                         "sum": 0.0, **{m.name: [0, 0] for m in models}})
             for prompt, cfg in items:
                 t0 = time.perf_counter()
                 tr = fn(prompt, cfg)
                 st["wall"] += time.perf_counter() - t0
                 st["words"] += tr.words
                 st["decode"] += sum(r.seconds for r in tr.rounds)
+                st["rounds"] += len(tr.rounds)
+                st["slower"] += sum(max(x.seconds for x in r.steps) for r in tr.rounds)
+                st["sum"] += sum(sum(x.seconds for x in r.steps) for r in tr.rounds)
                 for m in tr.models:
                     c, pre = tr.cost(m), tr.prefill[m]
                     st[m][0] += c["forward_passes"] - pre["forward_passes"]
@@ -97,17 +121,62 @@ def main(argv=None) -> int:
             row["fwd/word"] = round(sum(st[m.name][0] for m in models) / max(1, st["words"]), 2)
             row["÷ sum of singles"] = round(per / single, 2)
             row["÷ mean single"] = round(per / (single / len(models)), 2)
+            if name.endswith(" parallel"):
+                seq = stats[name.replace(" parallel", " sequential")]
+                row["÷ sequential"] = round(per / (seq["decode"] / max(1, seq["words"])), 2)
+            rounds = max(1, st["rounds"])
+            row["round wall ms"] = round(1000 * st["decode"] / rounds)
+            row["slower model ms"] = round(1000 * st["slower"] / rounds)
+            row["models' sum ms"] = round(1000 * st["sum"] / rounds)
             rows.append(row)
     print(format_table(rows))
+    print("\nPeak prefix copy per model (largest batch: exploration, beam or scoring rows × cached prefix):")
+    for lm in models:
+        line = f"  {lm.name}: {peaks.get(lm.name, 0) / 2**20:,.1f} MiB"
+        if lm.device.type == "cuda":
+            line += f"; CUDA peak allocated {torch.cuda.max_memory_allocated(lm.device) / 2**30:,.2f} GiB"
+        print(line)
     print("\n'decode' excludes the prompt prefill; 'fwd'/'tok': forward passes / tokens fed per model while decoding;")
     print("'fwd/word': forward passes of all models per committed word; 's/word' is each round's wall time, so it")
     print("includes tokenizer time; '÷ sum of singles': s/word over (SmolLM2 alone + Gemma alone) s/word;")
-    print("'÷ mean single': over the mean of the two single models' s/word (ME's target: at most 1.2).")
+    print("'÷ mean single': over the mean of the two single models' s/word (ME's target: at most 1.2);")
+    print("'÷ sequential': parallel s/word over the same method's sequential s/word (target: at most 0.7);")
+    print("per round: wall ms, the slower model's own seconds ('slower model') and both models' together ('sum').")
     if quarters:
         print("\nGSM8K answers of 100+ words, s/word last quarter ÷ first quarter:")
         for name, vals in quarters.items():
             vals = [v for v in vals if v is not None]
             print(f"  {name:28s} " + ", ".join(f"{v:.2f}" for v in vals))
+    return 0
+
+
+def remote_bench(args) -> int:
+    """Seconds and requests per word with the first model on a vLLM server vs loaded here (the second stays local)."""
+    from . import serve
+    server = serve.start(args.models[0], name="served")
+    try:
+        local, other = get_model(args.models[0]), get_model(args.models[1])
+        remote = get_model(server.spec)
+        items = [(prompt, cfg) for t, prompt, cfg in tasks(args.data, args.trivia, 0)]
+        rows = []
+        for label, pair in (("local + local", [local, other]), ("served + local", [remote, other])):
+            for b in (1, 3):
+                words = calls = 0
+                decode = 0.0
+                for prompt, cfg in items:
+                    tr = AdaFuse(pair, cfg, tau=0.7, branches=b).generate(prompt)
+                    words += tr.words
+                    decode += sum(r.seconds for r in tr.rounds)
+                    calls += sum(st.forward_passes for r in tr.rounds for st in r.steps if st.model == pair[0].name)
+                rows.append({"models": label, "B": b, "words": words, "decode s/word": round(decode / max(1, words), 3),
+                             "calls/word": round(calls / max(1, words), 2)})
+                print(f"  {label} B={b}: {words} words {decode:.1f}s", file=sys.stderr, flush=True)
+        print(format_table(rows))
+        print(f"\n'calls/word': forward passes (local) or requests (served) of {args.models[0]} per word; served by vLLM "
+              f"on this machine ({server.url}, CPU, fp32, --enforce-eager); a request is a one-token completion (a "
+              "next-token top-k, or the log-probs of given tokens)")
+    finally:
+        server.stop()
     return 0
 
 

@@ -1,0 +1,135 @@
+"""Models side by side: one worker per model gives the same trace as running them one after another."""
+import threading
+import time
+
+import pytest
+import torch
+
+from adafuse import AdaFuse, DecodeConfig
+from adafuse.errors import ModelLoadError
+from adafuse.loading import parse_spec
+from adafuse.parallel import Workers
+from adafuse.session import PREFIXES
+from tests.test_real_models import gsm8k_prompt, qa_prompt
+
+
+class FakeModel:
+    device = torch.device("cpu")
+
+
+def test_workers_run_models_at_the_same_time_and_keep_model_order():
+    a, b = FakeModel(), FakeModel()
+    w = Workers([a, b], parallel=True, threads=1)
+    barrier = threading.Barrier(2, timeout=5)  # passes only if both models' calls run at once
+
+    def call(i):
+        barrier.wait()
+        time.sleep(0.01 * (2 - i))  # the first model finishes last
+        return i, threading.current_thread().name
+
+    out = w.map(call, [0, 1])
+    assert [i for i, _ in out] == [0, 1] and out[0][1] != out[1][1]
+    w.close()
+
+
+def test_sequential_workers_run_one_call_at_a_time():
+    a, b = FakeModel(), FakeModel()
+    w = Workers([a, b], parallel=False, threads=1)
+    running, seen = [0], []
+
+    def call(i):
+        running[0] += 1
+        seen.append(running[0])
+        time.sleep(0.01)
+        running[0] -= 1
+        return i
+
+    assert w.map(call, [1, 0]) == [1, 0] and seen == [1, 1]
+
+
+def test_views_of_one_loaded_model_share_a_worker():
+    a = FakeModel()
+    w = Workers([a, a], parallel=True)
+    assert not w.enabled and w.map(lambda i: threading.current_thread() is threading.main_thread(), [0, 1]) == [True, True]
+
+
+def test_an_error_in_one_worker_is_raised_after_the_others_finish():
+    a, b = FakeModel(), FakeModel()
+    w = Workers([a, b], parallel=True, threads=1)
+    finished = []
+
+    def call(i):
+        if i == 0:
+            raise ModelLoadError("model 0 broke")
+        time.sleep(0.05)
+        finished.append(i)
+
+    with pytest.raises(ModelLoadError, match="model 0 broke"):
+        w.map(call, [0, 1])
+    assert finished == [1]
+
+
+def test_model_specs_place_models_and_reject_bad_devices():
+    assert parse_spec("gemma3-270m") == ("gemma3-270m", None, None)
+    assert parse_spec("gemma3-270m@cpu,bfloat16") == ("gemma3-270m", "cpu", "bfloat16")
+    for bad, msg in (("gemma3-270m@gpu", "not a device"), ("gemma3-270m@cpu,int3", "unknown dtype")):
+        with pytest.raises(ModelLoadError, match=msg):
+            parse_spec(bad)
+    if torch.cuda.device_count() < 8:
+        with pytest.raises(ModelLoadError, match="CUDA device"):
+            parse_spec("gemma3-270m@cuda:7")
+
+
+def _without_timings(tr) -> dict:
+    d = tr.to_dict()
+    d.pop("seconds"), d.pop("workers")
+    for p in d["prefill"].values():
+        p.pop("seconds")
+    for r in d["rounds"]:
+        r.pop("seconds")
+        for s in r["steps"]:
+            s.pop("seconds")
+    return d
+
+
+@pytest.mark.parametrize("case", ["triviaqa", "gsm8k", "mixture", "chat"])
+def test_parallel_models_write_the_same_trace_as_sequential(pair, case):
+    prompt = gsm8k_prompt(2) if case == "gsm8k" else qa_prompt("triviaqa", 3)
+    cfg = {"triviaqa": DecodeConfig(stop=("\n",), max_new_words=20),
+           "gsm8k": DecodeConfig(stop=("\n\nQuestion:",), max_new_words=24, branches=2),
+           "mixture": DecodeConfig(stop=("\n",), method="mixture", seed=3, max_new_words=20),
+           "chat": DecodeConfig(mode="chat", max_new_words=16)}[case]
+    if case == "chat":
+        prompt = "Name two rivers of Europe."
+    traces = {}
+    for parallel in (False, True):
+        PREFIXES.entries.clear()  # both decodes prefill from scratch
+        traces[parallel] = AdaFuse(pair, cfg, parallel=parallel, threads=1).generate(prompt)
+    seq, par = traces[False], traces[True]
+    assert seq.workers.startswith("sequential") and par.workers.startswith("parallel")
+    assert _without_timings(seq) == _without_timings(par)  # bit for bit: every margin, NLL, count
+    assert seq.rounds and seq.output.strip()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_models_on_cuda_decode_with_true_seconds():
+    from adafuse import get_model
+    from adafuse.loading import DEFAULT_PAIR
+    n = torch.cuda.device_count()
+    models = [get_model(f"{name}@cuda:{i % n}") for i, name in enumerate(DEFAULT_PAIR)]
+    assert all(lm.device.type == "cuda" and lm.dtype == torch.bfloat16 for lm in models)
+    tr = AdaFuse(models, DecodeConfig(stop=("\n",), max_new_words=12)).generate(qa_prompt("nq", 1))
+    assert tr.output.strip() and tr.workers.startswith("parallel")
+    for name in tr.models:
+        cost = tr.cost(name)
+        assert cost["forward_passes"] > 0 and cost["seconds"] > 0
+
+
+def test_the_default_runs_cpu_models_one_after_another_and_others_side_by_side():
+    class OnGPU:
+        device = torch.device("cuda", 0)
+
+    assert not Workers([FakeModel(), FakeModel()]).parallel  # both need every core of this machine
+    mixed = Workers([FakeModel(), OnGPU()])
+    assert mixed.parallel and mixed.threads == max(1, len(__import__("os").sched_getaffinity(0)))
+    mixed.close()

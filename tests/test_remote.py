@@ -1,0 +1,85 @@
+"""A model served by a real vLLM OpenAI server (CPU, started here) fused with a local one."""
+import json
+import os
+
+import pytest
+
+from adafuse import AdaFuse, DecodeConfig, get_model
+from adafuse.errors import ModelLoadError, ServerError
+from adafuse.harness import serve
+from tests.test_real_models import qa_prompt
+
+REQUIRED = os.environ.get("ADAFUSE_REQUIRE_VLLM") == "1"
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not serve.available():
+        if REQUIRED:
+            pytest.fail(f"vLLM is not installed in {serve.VENV}: run ./dev vllm")
+        pytest.skip("vLLM is not installed (./dev vllm)")
+    s = serve.start("smollm2-135m-instruct", name="smollm2")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def remote(server):
+    return get_model(server.spec)
+
+
+def test_a_bad_spec_or_name_is_a_typed_error(server):
+    with pytest.raises(ModelLoadError, match="serves smollm2"):
+        get_model(server.spec.replace("#smollm2", "#nope"))
+    with pytest.raises(ServerError, match="does not answer"):
+        get_model("vllm:http://127.0.0.1:9/v1#x")
+
+
+def test_the_served_model_reads_like_the_local_one(remote, pair):
+    local = pair[0]
+    assert remote.end_ids == local.end_ids and remote.vocab_size == local.vocab_size
+    assert remote.info()["device"].startswith("server http://127.0.0.1:")
+
+
+def _scores(tr, model):
+    return [(c.text, c.eos, c.nll.get(model)) for r in tr.rounds for c in r.candidates]
+
+
+def test_margins_and_nll_agree_with_the_local_model(remote, pair):
+    local, gemma = pair
+    cfg = DecodeConfig(stop=("\n",), max_new_words=12, explore_top_k=20)
+    prompt = qa_prompt("triviaqa", 2)
+    a = AdaFuse([local, gemma], cfg).generate(prompt)
+    b = AdaFuse([remote, gemma], cfg).generate(prompt)
+    assert a.output == b.output and len(a.rounds) == len(b.rounds)
+    for ra, rb in zip(a.rounds, b.rounds):
+        for ma, mb in zip(ra.steps[0].margins, rb.steps[0].margins):
+            assert abs(ma - mb) < 1e-3
+        for ca, cb in zip(ra.candidates, rb.candidates):
+            assert (ca.text, ca.eos) == (cb.text, cb.eos)
+            va, vb = ca.nll[local.name], cb.nll[remote.name]
+            assert (va is None) == (vb is None) and (va is None or abs(va - vb) < 1e-3), (ca.text, va, vb)
+    json.loads(b.to_json())
+    cost = b.cost(remote.name)
+    assert cost["forward_passes"] > 0 and cost["seconds"] > 0
+
+
+@pytest.mark.parametrize("task,index", [("nq", i) for i in range(5)] + [("triviaqa", i) for i in range(5, 10)])
+def test_fused_output_is_identical_local_and_served(remote, pair, task, index):
+    cfg = DecodeConfig(stop=("\n",), max_new_words=16, explore_top_k=20)
+    prompt = qa_prompt(task, index)
+    assert AdaFuse([pair[0], pair[1]], cfg).generate(prompt).output == \
+        AdaFuse([remote, pair[1]], cfg).generate(prompt).output
+
+
+def test_a_server_killed_mid_decode_is_a_typed_error_and_keeps_the_trace(server, remote, pair):
+    d = AdaFuse([remote, pair[1]], DecodeConfig(max_new_words=40, tau=0.0)).start("The history of Rome began")
+    d.step()
+    d.step()
+    kept = list(d.trace.rounds)
+    server.stop()  # last test of the module: the server is gone for good
+    with pytest.raises(ServerError, match="does not answer"):
+        while not d.done:
+            d.step()
+    assert d.trace.rounds == kept[: len(d.trace.rounds)] and len(d.trace.rounds) >= 2
+    assert d.trace.output == "".join(r.text for r in d.trace.rounds)
