@@ -86,9 +86,11 @@ class Decoding:
         budget = max(1, cfg.max_new_words - self.trace.words)
         acting = set(self.method.acting(self))
         output = self.trace.output
-        # a lazy method's idle models catch up on the last round's words beside the acting ones (free in wall time
-        # when the workers run in parallel)
-        catch_up = {m for m in self.method.drawn(self) if m not in acting and self.sessions[m].text != output}
+        # a lazy method's idle models catch up beside the acting ones when the models run side by side (free in wall
+        # time); one after another they catch up only when next drawn (one forward over every word they missed)
+        side_by_side = self.workers.enabled and self.workers.parallel
+        catch_up = {m for m in self.method.drawn(self)
+                    if side_by_side and m not in acting and self.sessions[m].text != output}
 
         def act(m: int):
             s = self.sessions[m]
