@@ -96,13 +96,23 @@ def run(args) -> int:
     from .decoder import AdaFuse, greedy
     from .loading import get_model
     from .report import cost_rows, format_table, round_rows
-    prompt = args.prompt_file.read_text(encoding="utf-8") if args.prompt_file else _unescape(args.prompt)
+    from .errors import ConfigError, PromptError
+    if args.prompt_file:
+        try:
+            prompt = args.prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PromptError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror or exc}; give a UTF-8 "
+                              "text file") from exc
+    else:
+        prompt = _unescape(args.prompt)
+    count, single = len(args.models), args.method == "greedy"
+    if (single and count != 1) or (not single and not 2 <= count <= 4):  # before loading anything
+        raise ConfigError(f"{count} model(s) given: --method greedy runs exactly one, an ensemble 2 to 4")
     cfg = DecodeConfig(tau=args.tau, max_words=args.max_words, branches=args.branches, diversity=not args.no_diversity,
                        method=args.method, span_words=args.span_words, mode=args.mode,
                        max_new_words=args.max_new_words, max_new_tokens=args.max_new_tokens,
                        max_word_tokens=args.max_word_tokens, stop=tuple(_unescape(s) for s in args.stop))
     if not prompt.strip():
-        from .errors import PromptError
         raise PromptError("the prompt is empty: pass --prompt TEXT or --prompt-file PATH with some text")
     models = []
     for name in args.models:

@@ -29,10 +29,9 @@ def _served(model) -> bool:
 
 
 class Workers:
-    """Runs `fn(i)` for model indices: concurrently, one worker per distinct loaded model, or (`parallel` False) one
-    after another on a single worker. Either way every model call runs on a worker thread with its torch thread
-    budget, so the two ways give the same numbers bit for bit when the budgets match. A single model runs in the
-    caller's thread. `parallel` None: side by side when some model computes off this machine's CPU (a GPU, a server);
+    """Runs `fn(i)` for model indices: concurrently, one worker thread per distinct loaded model, or (`parallel`
+    False) one after another in the caller's thread; with the same torch thread budget the two ways give the same
+    numbers bit for bit. A single model runs in the caller's thread. `parallel` None: side by side when some model computes off this machine's CPU (a GPU, a server);
     models that all run on the CPU go one after another with every core each, which on a small CPU is faster (their
     matrix products use every core: on 2 cores a model runs 1.65× faster on two threads than on one)."""
 
@@ -46,19 +45,21 @@ class Workers:
             parallel = len(cpu) < len(groups)
         self.parallel = bool(parallel)
         self.enabled = len(groups) > 1
+        self.given = threads  # one after another, the caller's thread runs the models: its budget, unless given
         self.threads = threads or cpu_threads_per_model(max(1, len(cpu)) if self.parallel else 1)
         self.pool: list[ThreadPoolExecutor] = []
         self.streams: dict[int, object] = {}
-        if self.enabled:
+        if self.enabled and self.parallel:
             self.pool = [ThreadPoolExecutor(1, thread_name_prefix=f"adafuse-model{g}", initializer=self._init)
-                         for g in range(len(groups) if self.parallel else 1)]
+                         for g in range(len(groups))]
 
     def describe(self) -> str:
         if not self.enabled:
             return "one model"
         cpu = any(d.type == "cpu" for d in self.devices)
-        how = f"parallel ({len(self.pool)} workers" if self.parallel else "sequential (1 worker"
-        return how + (f", {self.threads} CPU thread(s) each)" if cpu else ")")
+        if not self.parallel:
+            return "sequential" + (f" ({self.given if self.given else torch.get_num_threads()} CPU threads)" if cpu else "")
+        return f"parallel ({len(self.pool)} workers" + (f", {self.threads} CPU thread(s) each)" if cpu else ")")
 
     def _init(self) -> None:
         if any(d.type == "cpu" for d in self.devices):
@@ -87,7 +88,14 @@ class Workers:
         if not self.enabled:
             return [fn(i) for i in indices]
         if not self.parallel:
-            return self.pool[0].submit(self._run, fn, indices).result()
+            if not self.given or self.given == torch.get_num_threads():
+                return self._run(fn, indices)
+            old = torch.get_num_threads()
+            torch.set_num_threads(self.given)
+            try:
+                return self._run(fn, indices)
+            finally:
+                torch.set_num_threads(old)
         futures = {g: self.pool[g].submit(self._run, fn, members) for g, members in by_group.items()}
         done: dict[int, T] = {}
         error: BaseException | None = None

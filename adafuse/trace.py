@@ -99,6 +99,8 @@ class Trace:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trace":
+        """A trace from plain data, checked completely (types, indices, lengths): a bad field is a TraceError that
+        names it, never a trace the views would trip over."""
         try:
             rounds = [
                 Round(**{**r, "steps": [ModelStep(**s) for s in r["steps"]],
@@ -106,10 +108,63 @@ class Trace:
                 for r in d.get("rounds", [])
             ]
             fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "rounds"}
-            return cls(**fields, rounds=rounds)
+            trace = cls(**fields, rounds=rounds)
         except (TypeError, KeyError, AttributeError) as exc:
             raise TraceError(f"not a valid AdaFuse trace ({exc}); load a file written by Trace.save "
                              "or the app's export") from exc
+        trace.check()
+        return trace
+
+    def check(self) -> None:
+        """Raise TraceError naming the first field whose type, index or length is wrong."""
+        def bad(where: str, what: str):
+            raise TraceError(f"this trace is inconsistent: {where} {what}; load a file written by Trace.save or "
+                             "the app's export")
+
+        def num(v, none=False):
+            return (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+        if not isinstance(self.prompt, str) or not isinstance(self.output, str):
+            bad("prompt/output", "must be text")
+        if not isinstance(self.models, list) or not all(isinstance(m, str) for m in self.models) or not self.models:
+            bad("models", "must be a list of model names")
+        if not isinstance(self.settings, dict):
+            bad("settings", "must be an object")
+        for i, r in enumerate(self.rounds):
+            at = f"rounds[{i}]"
+            n = len(r.candidates) if isinstance(r.candidates, list) else 0
+            for name in ("chosen", "winner"):
+                v = getattr(r, name)
+                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
+                    bad(f"{at}.{name}", f"is {v!r}, not a candidate index (0..{n - 1})")
+            if not isinstance(r.text, str) or isinstance(r.words, bool) or not isinstance(r.words, int) or r.words < 0:
+                bad(f"{at}.text/words", "must be text and a count")
+            if not num(r.seconds):
+                bad(f"{at}.seconds", "must be a number")
+            if len(r.steps) != len(self.models):
+                bad(f"{at}.steps", f"has {len(r.steps)} entries for {len(self.models)} models")
+            for j, st in enumerate(r.steps):
+                if st.model not in self.models:
+                    bad(f"{at}.steps[{j}].model", f"{st.model!r} is not one of the trace's models")
+                if not isinstance(st.margins, list) or not all(num(x) for x in st.margins):
+                    bad(f"{at}.steps[{j}].margins", "must be a list of numbers")
+                if not isinstance(st.proposals, list) or not all(
+                        isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n for x in st.proposals):
+                    bad(f"{at}.steps[{j}].proposals", f"must be candidate indices (0..{n - 1})")
+                for f in ("forward_passes", "tokens_fed", "seconds"):
+                    if not num(getattr(st, f)):
+                        bad(f"{at}.steps[{j}].{f}", "must be a number")
+            for j, c in enumerate(r.candidates):
+                where = f"{at}.candidates[{j}]"
+                if not isinstance(c.text, str) or not isinstance(c.eos, bool):
+                    bad(where, "needs text and an eos flag")
+                if not isinstance(c.proposers, list) or not num(c.fused, none=True):
+                    bad(where, "needs a proposer list and a fused score (or null)")
+                for f in ("nll", "n_tokens", "straddle", "notes", "end_term"):
+                    if not isinstance(getattr(c, f), dict):
+                        bad(f"{where}.{f}", "must be an object keyed by model")
+                if not all(num(v, none=True) for v in c.nll.values()):
+                    bad(f"{where}.nll", "must hold numbers (or null)")
 
     def to_json(self) -> str:
         """Strict JSON (no NaN or Infinity: browsers' JSON.parse rejects them; unscored values are null)."""

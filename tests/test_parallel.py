@@ -45,6 +45,10 @@ def test_sequential_workers_run_one_call_at_a_time():
         return i
 
     assert w.map(call, [1, 0]) == [1, 0] and seen == [1, 1]
+    threads = torch.get_num_threads()
+    assert w.map(lambda i: (threading.current_thread() is threading.main_thread(), torch.get_num_threads()),
+                 [0]) == [(True, 1)]  # in the caller's thread, with the budget asked for
+    assert torch.get_num_threads() == threads  # and the caller's own budget back
 
 
 def test_views_of_one_loaded_model_share_a_worker():

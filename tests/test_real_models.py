@@ -101,7 +101,9 @@ def test_cli_reports_bad_input_without_a_stack_trace():
     import subprocess
     import sys
     for args in (["--prompt", "  "], ["--prompt", "hi", "--tau", "3"], ["--models", "nope", "gemma3-270m", "--prompt", "hi"],
-                 ["--models", "someone/missing-model", "gemma3-270m", "--prompt", "hi"]):
+                 ["--models", "someone/missing-model", "gemma3-270m", "--prompt", "hi"],
+                 ["--models", "gemma3-270m", "--prompt", "hi"], ["--prompt-file", "/no/such/file.txt"],
+                 ["--models", "gemma3-270m@gpu", "smollm2-135m-instruct", "--prompt", "hi"]):
         out = subprocess.run([sys.executable, "-m", "adafuse", "run", *args], capture_output=True, text=True,
                              env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
         assert out.returncode == 2 and "error:" in out.stderr and "Traceback" not in out.stderr, out.stderr

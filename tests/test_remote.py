@@ -72,6 +72,16 @@ def test_fused_output_is_identical_local_and_served(remote, pair, task, index):
         AdaFuse([remote, pair[1]], cfg).generate(prompt).output
 
 
+def test_the_eval_harness_runs_a_served_model(server, remote, pair, tmp_path):
+    from adafuse.harness.evaluate import evaluate, load_results, parse_methods
+    from adafuse.harness.tasks import TASKS
+    runs = parse_methods(["adafuse", "greedy"], [server.spec, "gemma3-270m"])
+    evaluate(TASKS["triviaqa"], runs, tmp_path, limit=2, progress=False)
+    rows = load_results(tmp_path)
+    assert sorted({r["method"] for r in rows}) == sorted(["adafuse", f"greedy:{server.spec}", "greedy:gemma3-270m"])
+    assert len(rows) == 6 and all(r["trace"]["output"].strip() for r in rows)
+
+
 def test_a_server_killed_mid_decode_is_a_typed_error_and_keeps_the_trace(server, remote, pair):
     d = AdaFuse([remote, pair[1]], DecodeConfig(max_new_words=40, tau=0.0)).start("The history of Rome began")
     d.step()

@@ -55,3 +55,27 @@ def test_trace_round_trip(tmp_path):
         Trace.load(tmp_path / "bad.json")
     with pytest.raises(TraceError):
         Trace.load(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("path,value,field", [
+    (("rounds", 0, "chosen"), 99, "rounds[0].chosen"),
+    (("rounds", 0, "steps", 0, "margins"), "high", "rounds[0].steps[0].margins"),
+    (("rounds", 0, "steps", 0, "proposals"), [3], "rounds[0].steps[0].proposals"),
+    (("rounds", 0, "candidates", 0, "nll"), {"a": "x"}, "rounds[0].candidates[0].nll"),
+    (("rounds", 0, "steps"), [], "rounds[0].steps"),
+    (("models",), "a", "models"),
+])
+def test_an_inconsistent_trace_file_is_refused_with_the_field_named(tmp_path, path, value, field):
+    import json
+    r = Round(index=0, steps=[ModelStep("a", "commit", [0.9], [0], 2, 3, 0.1)],
+              candidates=[Candidate(" x", False, ["a"], {"a": 0.5}, {"a": 1}, 0.5, 1)],
+              chosen=0, winner=0, text=" x", words=1, seconds=0.1)
+    d = json.loads(Trace(prompt="p", models=["a"], settings={}, prompt_modes={"a": "raw"}, rounds=[r],
+                         output=" x").to_json())
+    node = d
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    (tmp_path / "t.json").write_text(json.dumps(d))
+    with pytest.raises(TraceError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        Trace.load(tmp_path / "t.json")

@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     p.add_argument("--gsm8k", type=int, default=5)
     p.add_argument("--models", nargs=2, default=list(DEFAULT_PAIR))
     p.add_argument("--out", type=Path, help="write every trace here (JSONL)")
+    p.add_argument("--only", nargs="+", metavar="TEXT", help="run only the methods whose name contains one of these")
     p.add_argument("--remote", action="store_true",
                    help="instead: the first model served by a vLLM server started here (./dev vllm) vs local, "
                         "on the TriviaQA questions")
@@ -89,6 +90,8 @@ def main(argv=None) -> int:
 
         runs = [(name, lambda pr, c, kw=kw: ensemble(pr, c, kw)) for name, kw in methods.items()]
         runs += [(f"{lm.name} alone", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
+        if args.only:
+            runs = [(n, fn) for n, fn in runs if any(o in n for o in args.only)]
         for name, fn in runs:
             st = stats.setdefault(name, {"words": 0, "wall": 0.0, "decode": 0.0, "rounds": 0, "slower": 0.0,
                                          "sum": 0.0, **{m.name: [0, 0] for m in models}})
@@ -111,7 +114,8 @@ def main(argv=None) -> int:
                     sink.write(json.dumps({"task": task, "method": name, "trace": tr.to_dict()}) + "\n")
                     sink.flush()
             print(f"  {task:8s} {name:28s} {st['words']:5d} words {st['wall']:7.1f}s", file=sys.stderr, flush=True)
-        single = sum(stats[f"{m.name} alone"]["decode"] / max(1, stats[f"{m.name} alone"]["words"]) for m in models)
+        single = sum(stats[f"{m.name} alone"]["decode"] / max(1, stats[f"{m.name} alone"]["words"])
+                     for m in models if f"{m.name} alone" in stats) or float("nan")
         for name, st in stats.items():
             per = st["decode"] / max(1, st["words"])
             row = {"task": task, "method": name, "words": st["words"], "wall s": round(st["wall"], 1),
@@ -121,9 +125,8 @@ def main(argv=None) -> int:
             row["fwd/word"] = round(sum(st[m.name][0] for m in models) / max(1, st["words"]), 2)
             row["÷ sum of singles"] = round(per / single, 2)
             row["÷ mean single"] = round(per / (single / len(models)), 2)
-            if name.endswith(" parallel"):
-                seq = stats[name.replace(" parallel", " sequential")]
-                row["÷ sequential"] = round(per / (seq["decode"] / max(1, seq["words"])), 2)
+            seq = stats.get(name.replace(" parallel", " sequential")) if name.endswith(" parallel") else None
+            row["÷ sequential"] = round(per / (seq["decode"] / max(1, seq["words"])), 2) if seq else ""
             rounds = max(1, st["rounds"])
             row["round wall ms"] = round(1000 * st["decode"] / rounds)
             row["slower model ms"] = round(1000 * st["slower"] / rounds)
@@ -172,6 +175,17 @@ def remote_bench(args) -> int:
                              "calls/word": round(calls / max(1, words), 2)})
                 print(f"  {label} B={b}: {words} words {decode:.1f}s", file=sys.stderr, flush=True)
         print(format_table(rows))
+        # what the server's prefix cache buys: a long few-shot prompt cold, then again with one more word
+        from ..remote import RemoteSession
+        head = (args.data / "gsm8k" / "prompt.txt").read_text()
+        ids = remote.tokenizer(f"{head}\n\nQuestion: How many legs do 3 spiders have?\nLet's think step by step\n",
+                               add_special_tokens=False).input_ids
+        timings = []
+        for ctx in (ids, ids + ids[-1:]):
+            t0 = time.perf_counter()
+            RemoteSession.next_many(remote, [ctx], [None])
+            timings.append(time.perf_counter() - t0)
+        print(f"\nprefix cache: a {len(ids)}-token prompt {timings[0]:.2f}s cold, {timings[1]:.2f}s sharing its prefix")
         print(f"\n'calls/word': forward passes (local) or requests (served) of {args.models[0]} per word; served by vLLM "
               f"on this machine ({server.url}, CPU, fp32, --enforce-eager); a request is a one-token completion (a "
               "next-token top-k, or the log-probs of given tokens)")
