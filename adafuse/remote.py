@@ -5,8 +5,10 @@ A spec `vllm:http://HOST:PORT/v1#SERVED-NAME` (the name may be left out when the
 or `vllm:URL#NAME?tokenizer=PATH`), checked against the server's `/tokenize` on load; every forward pass is a
 `/v1/completions` request that sends token ids and reads log-probs keyed by token id:
 
-- the next-token distribution after some ids: `max_tokens=1, logprobs=k` (the server's top-k, k ≤ 20 unless it runs
-  with `--max-logprobs`); every other token reads as log-prob -inf (never proposed; margins need the top 2 only);
+- the next-token distribution after some ids: `logprobs=k` (the server's top-k, k ≤ 20 unless it runs with
+  `--max-logprobs`); every other token reads as log-prob -inf (never proposed; margins need the top 2 only). Each such
+  request generates `LOOKAHEAD` greedy tokens with their top-k: a confident span or an explored branch that follows
+  them (the usual case) reads its next distributions from that answer instead of asking again;
 - the log-prob of given tokens there (`logprob_token_ids`): a candidate's next token, or the model's end tokens for a
   candidate that ends the answer — exact, whatever their rank;
 - the requests of one call (every branch, every scored position) go out at once; the server batches them and its
@@ -38,6 +40,7 @@ TOP_K = 20          # next-token log-probs asked for (vLLM's default --max-logpr
 TIMEOUT = 60.0      # seconds one request may take
 RETRIES = 3         # connection errors are retried this many times, with a short pause
 MAX_IDS = 128       # vLLM's cap on logprob_token_ids per request
+LOOKAHEAD = 8       # greedy tokens generated with each top-k request (a confident span reads them without asking)
 
 
 def is_remote_spec(name) -> bool:
@@ -194,8 +197,7 @@ class RemoteBranch(Branch):
     def step(self, tokens: list[int]) -> torch.Tensor:
         for row, t in zip(self.rows, tokens):
             row.append(t)
-        return torch.stack(self.s.next_many(self.s.lm, [self.s.ids + r for r in self.rows], [None] * len(self.rows),
-                                            self.s))
+        return torch.stack(self.s.after([self.s.ids + r for r in self.rows]))
 
     def keep(self, rows: list[int]) -> None:
         self.rows = [list(self.rows[i]) for i in rows]
@@ -212,21 +214,23 @@ class RemoteSession(TokenizedView):
         super().__init__(lm, prompt, mode, stop)
         self.cached = 0  # prompt tokens the server reported from its prefix cache
         self.spec: list[int] = []
-        self.next_logprobs = self.end_logprobs = self.next_many(lm, [self.ids], [None], self)[0]
+        self.ahead: dict[tuple[int, ...], torch.Tensor] = {}  # distributions along greedy continuations fetched
+        self.next_logprobs = self.end_logprobs = self.after([self.ids])[0]
         self.prefix_reused = 0
         self.adoptable: dict[tuple[int, ...], torch.Tensor] = {}
 
     @staticmethod
     def next_many(lm: RemoteModel, contexts: list[list[int]], wanted: list[list[int] | None],
-                  s: "RemoteSession | None" = None) -> list[torch.Tensor]:
+                  s: "RemoteSession | None" = None, ahead: int = 1) -> list[torch.Tensor]:
         """For each context, a (V,) log-prob vector after it: the server's top-k (`wanted` None) or exactly the
-        log-probs of the `wanted` tokens; every other entry -inf."""
+        log-probs of the `wanted` tokens; every other entry -inf. A top-k request generates `ahead` greedy tokens:
+        the distributions along that continuation are kept in `s.ahead`, so following it costs no request."""
         payloads, owner = [], []
         for k, (ctx, want) in enumerate(zip(contexts, wanted)):
             base = {"model": lm.served, "prompt": ctx, "max_tokens": 1, "temperature": 0.0,
                     "return_tokens_as_token_ids": True}
             if want is None:
-                payloads.append({**base, "logprobs": lm.top_k})
+                payloads.append({**base, "logprobs": lm.top_k, "max_tokens": ahead})
                 owner.append(k)
             for lo in range(0, len(want or []), MAX_IDS):  # the server takes at most MAX_IDS ids a request
                 chunk = list(want[lo: lo + MAX_IDS])
@@ -236,14 +240,21 @@ class RemoteSession(TokenizedView):
         answers = lm.endpoint.many("/completions", payloads)
         out = [torch.full((lm.vocab,), float("-inf")) for _ in contexts]
         fed = cached = 0
-        for k, a in zip(owner, answers):
-            vec = out[k]
+        for k, p, a in zip(owner, payloads, answers):
             choice = a["choices"][0]
             tops = (choice.get("logprobs") or {}).get("top_logprobs") or [{}]
-            for key, value in (tops[0] or {}).items():
-                vec[int(key.split(":", 1)[1])] = max(float(value), -1e30)
+            vecs = [out[k]] + [torch.full((lm.vocab,), float("-inf")) for _ in tops[1:]]
+            for vec, top in zip(vecs, tops):
+                for key, value in (top or {}).items():
+                    vec[int(key.split(":", 1)[1])] = max(float(value), -1e30)
+            if s is not None and len(vecs) > 1:  # the greedy continuation: vecs[j] follows ctx + generated[:j]
+                generated = choice.get("token_ids") or [int(t.split(":", 1)[1]) for t in choice["logprobs"]["tokens"]]
+                ctx = list(p["prompt"])
+                for j in range(1, len(vecs)):
+                    ctx.append(generated[j - 1])
+                    s.ahead[tuple(ctx)] = vecs[j]
             usage = a.get("usage") or {}
-            fed += usage.get("prompt_tokens", 0)
+            fed += usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
             cached += ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         if s is not None:
             with lm.lock:
@@ -253,10 +264,20 @@ class RemoteSession(TokenizedView):
                 s.seconds += time.perf_counter() - t0
         return out
 
+    def after(self, contexts: list[list[int]]) -> list[torch.Tensor]:
+        """Top-k after each context: from a greedy continuation already fetched, else asked (with a look-ahead)."""
+        out: list[torch.Tensor | None] = [self.ahead.get(tuple(c)) for c in contexts]
+        todo = [i for i, v in enumerate(out) if v is None]
+        if todo:
+            for i, v in zip(todo, self.next_many(self.lm, [contexts[i] for i in todo], [None] * len(todo), self,
+                                                 LOOKAHEAD)):
+                out[i] = v
+        return out
+
     # ---- forward passes (requests) ----
     def extend(self, token: int) -> torch.Tensor:
         self.spec.append(token)
-        self.end_logprobs = self.next_many(self.lm, [self.ids + self.spec], [None], self)[0]
+        self.end_logprobs = self.after([self.ids + self.spec])[0]
         return self.end_logprobs
 
     def rewind(self) -> None:
@@ -299,8 +320,10 @@ class RemoteSession(TokenizedView):
         elif tail in self.adoptable:
             self.next_logprobs = self.adoptable[tail]
         else:
-            self.next_logprobs = self.next_many(self.lm, [new], [None], self)[0]
+            self.next_logprobs = self.after([new])[0]
         self.end_logprobs = self.next_logprobs
+        n = len(new)  # continuations of the new text stay useful; the rest is dropped
+        self.ahead = {k: v for k, v in self.ahead.items() if len(k) > n and k[:n] == tuple(new)}
         self.ids, self.text, self.spec, self.adoptable = new, y, [], {}
         self._move_anchor()
 
