@@ -188,7 +188,7 @@ def remote_bench(args) -> int:
         print(f"\nprefix cache: a {len(ids)}-token prompt {timings[0]:.2f}s cold, {timings[1]:.2f}s sharing its prefix")
         print(f"\n'calls/word': forward passes (local) or requests (served) of {args.models[0]} per word; served by vLLM "
               f"on this machine ({server.url}, CPU, fp32, --enforce-eager); a request is one completion: a "
-              "top-k with an 8-token greedy look-ahead, or the log-probs of given tokens)")
+              "top-k with an 8-token greedy look-ahead, or the log-probs of given tokens")
     finally:
         server.stop()
     return 0
