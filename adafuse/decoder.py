@@ -47,7 +47,8 @@ class Decoding:
             prompt_modes={n: s.mode_used for n, s in zip(self.names, self.sessions)},
             prefill={n: {"prompt_tokens": s.prompt_tokens, "reused_tokens": s.prefix_reused,
                          "forward_passes": s.forward_passes,
-                         "tokens_fed": s.tokens_fed, "seconds": s.seconds} for n, s in zip(self.names, self.sessions)},
+                         "tokens_fed": s.tokens_fed, "seconds": s.seconds, "cached_tokens": s.stats()[3]}
+                     for n, s in zip(self.names, self.sessions)},
             devices={n: ", ".join(lm.devices) for n, lm in zip(self.names, self.models)},
             workers=self.workers.describe(),
             seconds=time.perf_counter() - t0,
@@ -261,14 +262,15 @@ def _fuse(c: Candidate) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _charge(steps: list[ModelStep], sessions: Sequence[ModelView], before: list[tuple[int, int, float]]) -> None:
+def _charge(steps: list[ModelStep], sessions: Sequence[ModelView], before: list[tuple[int, int, float, int]]) -> None:
     """Add each model's forward passes, tokens fed and seconds since `before` to its step (the one place costs are
     counted)."""
     for step, s, b in zip(steps, sessions, before):
-        f, t, sec = s.stats()
+        f, t, sec, cached = s.stats()
         step.forward_passes += f - b[0]
         step.tokens_fed += t - b[1]
         step.seconds += sec - b[2]
+        step.cached_tokens += cached - b[3]
 
 
 def _validate(models: Sequence[LoadedModel], config: DecodeConfig, prompt) -> None:

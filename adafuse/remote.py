@@ -327,5 +327,5 @@ class RemoteSession(TokenizedView):
         self.ids, self.text, self.spec, self.adoptable = new, y, [], {}
         self._move_anchor()
 
-    def stats(self) -> tuple[int, int, float]:
-        return self.forward_passes, self.tokens_fed, self.seconds
+    def stats(self) -> tuple[int, int, float, int]:
+        return self.forward_passes, self.tokens_fed, self.seconds, self.cached

@@ -314,5 +314,5 @@ class LocalSession(TokenizedView):
         self.tokens_fed += input_ids.numel()
         return self._timed(t0, torch.log_softmax(logits.float(), dim=-1))
 
-    def stats(self) -> tuple[int, int, float]:
-        return self.forward_passes, self.tokens_fed, self.seconds
+    def stats(self) -> tuple[int, int, float, int]:
+        return self.forward_passes, self.tokens_fed, self.seconds, 0

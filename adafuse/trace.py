@@ -20,6 +20,7 @@ class ModelStep:
     forward_passes: int = 0        # model calls this round (proposing + scoring + catching up)
     tokens_fed: int = 0            # token positions fed this round (batch rows × length)
     seconds: float = 0.0
+    cached_tokens: int = 0         # a served model: prompt tokens its server took from its prefix cache this round
 
 
 @dataclass
@@ -82,13 +83,15 @@ class Trace:
         return sum(r.words for r in self.rounds)
 
     def cost(self, model: str) -> dict:
-        """Forward passes, tokens fed and seconds spent by one model, prefill included."""
+        """Forward passes (requests), tokens fed, seconds and server prefix-cache tokens of one model, prefill
+        included."""
         pre = self.prefill.get(model, {})
         steps = [s for r in self.rounds for s in r.steps if s.model == model]
         return {
             "forward_passes": pre.get("forward_passes", 0) + sum(s.forward_passes for s in steps),
             "tokens_fed": pre.get("tokens_fed", 0) + sum(s.tokens_fed for s in steps),
             "seconds": pre.get("seconds", 0.0) + sum(s.seconds for s in steps),
+            "cached_tokens": pre.get("cached_tokens", 0) + sum(s.cached_tokens for s in steps),
         }
 
     def words_per_round(self) -> list[int]:

@@ -89,5 +89,6 @@ class ModelView(ABC):
         """Make `y` the committed text."""
 
     @abstractmethod
-    def stats(self) -> tuple[int, int, float]:
-        """Forward passes, token positions fed and seconds so far."""
+    def stats(self) -> tuple[int, int, float, int]:
+        """Forward passes (requests), token positions fed (computed), seconds, and prompt tokens a server took from its
+        prefix cache, so far."""

@@ -66,6 +66,6 @@ def test_round_table_and_cost():
     assert [r["kind"] for r in rows] == ["commit", "override"]
     assert rows[0]["mode a"] == "commit×2" and rows[1]["pool"] == 3 and rows[1]["chosen"] == " was"
     assert "fused NLL" in format_table(rows)
-    assert trace().cost("a") == {"forward_passes": 5, "tokens_fed": 10, "seconds": 0.25}
+    assert trace().cost("a") == {"forward_passes": 5, "tokens_fed": 10, "seconds": 0.25, "cached_tokens": 0}
     frame = plots.cost_frame(trace(), {"a": trace()})
     assert list(frame["run"]) == ["ensemble", "ensemble", "alone", "alone"]

@@ -61,7 +61,7 @@ def test_margins_and_nll_agree_with_the_local_model(remote, pair):
             assert (va is None) == (vb is None) and (va is None or abs(va - vb) < 1e-3), (ca.text, va, vb)
     json.loads(b.to_json())
     cost = b.cost(remote.name)
-    assert cost["forward_passes"] > 0 and cost["seconds"] > 0
+    assert cost["forward_passes"] > 0 and cost["seconds"] > 0 and cost["cached_tokens"] > 0  # the prefix cache
 
 
 @pytest.mark.parametrize("task,index", [("nq", i) for i in range(5)] + [("triviaqa", i) for i in range(5, 10)])
@@ -88,8 +88,11 @@ def test_a_server_killed_mid_decode_is_a_typed_error_and_keeps_the_trace(server,
     d.step()
     kept = list(d.trace.rounds)
     server.stop()  # last test of the module: the server is gone for good
-    with pytest.raises(ServerError, match="does not answer"):
+    with pytest.raises(ServerError, match="does not answer") as err:
         while not d.done:
             d.step()
     assert d.trace.rounds == kept[: len(d.trace.rounds)] and len(d.trace.rounds) >= 2
     assert d.trace.output == "".join(r.text for r in d.trace.rounds)
+    assert d.done and d.trace.stop_reason.startswith("error: ServerError")
+    from app.controller import friendly
+    assert server.url in friendly(err.value)  # what the app shows: which server failed
