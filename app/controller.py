@@ -120,8 +120,10 @@ class Explorer:
 
     def run_singles(self, names, cfg: DecodeConfig, prompt: str, device: str | None = None):
         for n in model_specs(names, device):
-            self.singles[n] = greedy(get_model(n), prompt, cfg)
-            yield n
+            lm = get_model(n)
+            label = lm.name if lm.name not in self.singles else n  # the model's name; its spec when it repeats
+            self.singles[label] = greedy(lm, prompt, cfg)
+            yield label
 
     def load_trace(self, path: str) -> Trace:
         trace = Trace.load(path)
@@ -158,6 +160,21 @@ class Explorer:
         out = Path(self.export_dir) / "adafuse-trace.json"
         self.trace.save(out)
         return str(out)
+
+
+STOPS = {"max_new_words": "reached Max new words", "max_new_tokens": "reached Max new tokens (raise it to go on)",
+         "eos": "the answer ended", "stop string": "a stop string", "context full": "a model's context window is full",
+         "no progress": "no model could add text", "cancelled": "cancelled"}
+
+
+def stop_note(trace: Trace) -> str:
+    """Why the decode stopped, in words, and which model read a chat prompt raw (it has no chat template)."""
+    reason = trace.stop_reason or ""
+    note = f"stop: {STOPS.get(reason, reason)}"
+    raw = [m for m, mode in trace.prompt_modes.items() if mode.startswith("raw (")]
+    if raw and trace.settings.get("mode") == "chat":
+        note += f" · {', '.join(raw)} {'has' if len(raw) == 1 else 'have'} no chat template: read the prompt raw"
+    return note
 
 
 def _correct(row: dict) -> bool:

@@ -10,7 +10,7 @@ from adafuse.report import candidate_label
 
 from . import plots
 from .controller import (COMPARE_METHODS, EVAL_METHODS, Explorer, device_choices, disagreements, friendly,
-                         load_examples, loaded_frame, parse_stops, unload)
+                         load_examples, loaded_frame, parse_stops, stop_note, unload)
 
 CSS = """
 .af-out {font-family: ui-serif, Georgia, serif; font-size: 1.08rem; line-height: 1.9; padding: 12px 14px;
@@ -32,9 +32,10 @@ confidence margin Δ (top-1 minus top-2 probability): confident models **commit*
 average wins. Hover a span to see its round."""
 
 
-def _settings(tau, max_words, branches, diversity, max_new_words, mode, stop) -> DecodeConfig:
+def _settings(tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop) -> DecodeConfig:
     return DecodeConfig(tau=float(tau), max_words=int(max_words), branches=int(branches), diversity=bool(diversity),
-                        max_new_words=int(max_new_words), mode=mode, stop=parse_stops(stop))
+                        max_new_words=int(max_new_words), max_new_tokens=int(max_new_tokens), mode=mode,
+                        stop=parse_stops(stop))
 
 
 def _choices(pending) -> list[tuple[str, int]]:
@@ -120,6 +121,8 @@ def build_demo() -> gr.Blocks:
                 branches = gr.Slider(1, 8, value=3, step=1, label="B: candidates when unsure")
                 diversity = gr.Checkbox(True, label="Diverse exploration (off = beam search)")
                 max_new_words = gr.Slider(1, 200, value=40, step=1, label="Max new words")
+                max_new_tokens = gr.Slider(16, 2048, value=1024, step=16, elem_id="af-max-tokens",
+                                           label="Max new tokens (each model's tokenizer; the larger count binds)")
                 mode = gr.Radio(["raw", "chat"], value="raw", label="Prompt mode")
                 stop = gr.Textbox(value="", lines=2, label="Stop strings (one per line, \\n for newline)")
                 compare = gr.Checkbox(True, label="Also run each model alone (greedy)")
@@ -178,7 +181,7 @@ def build_demo() -> gr.Blocks:
 
         outputs = [fused, compare_view, margins_plot, pool_plot, wpr_plot, rounds_df, cost_df, cost_plot, round_sel,
                    choice, status, download, loaded_df, unload_pick]
-        settings = [tau, max_words, branches, diversity, max_new_words, mode, stop]
+        settings = [tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop]
 
         # ---- wiring ----
         def on_load(names, dev, progress=gr.Progress()):
@@ -211,7 +214,7 @@ def build_demo() -> gr.Blocks:
                     for name in ex.run_singles(names, cfg, prompt_text, dev):
                         yield (ex, *render(ex, f"… {name} alone done", export=False))
                 yield (ex, *render(ex, f"✓ done: {d.trace.words} words in {len(d.trace.rounds)} rounds "
-                                       f"({d.trace.seconds:.1f}s), stop: {d.trace.stop_reason}", loaded=True))
+                                       f"({d.trace.seconds:.1f}s), {stop_note(d.trace)}", loaded=True))
             except Exception as exc:  # noqa: BLE001
                 yield (ex, *_error(ex, exc))
 
@@ -231,7 +234,7 @@ def build_demo() -> gr.Blocks:
                     p = d.propose()
                     note += f"; round {p.index} decided — pick a candidate or press Step to accept the winner"
                 else:
-                    note += f"; finished ({d.trace.stop_reason})"
+                    note += f"; finished ({stop_note(d.trace)})"
                 return (ex, *render(ex, f"› {note}", loaded=True))
             except Exception as exc:  # noqa: BLE001
                 return (ex, *_error(ex, exc))

@@ -112,6 +112,7 @@ def test_run_mode_renders_every_view_and_exports(page, tmp_path):
     pg.get_by_role("option", name="cpu", exact=True).click()
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done")
+    assert "stop: " in status(pg) and pg.locator("#af-max-tokens").count() == 1  # every cap visible, named
     pg.locator("#af-loaded .virtual-row").first.wait_for()
     rows = pg.locator("#af-loaded .virtual-row").all_inner_texts()
     for name in ("smollm2-135m-instruct", "gemma3-270m"):  # loaded on first use, each on the CPU
