@@ -140,8 +140,8 @@ class Trace:
                 v = getattr(r, name)
                 if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
                     bad(f"{at}.{name}", f"is {v!r}, not a candidate index (0..{n - 1})")
-            if not isinstance(r.text, str) or isinstance(r.words, bool) or not isinstance(r.words, int) or r.words < 0:
-                bad(f"{at}.text/words", "must be text and a count")
+            if not isinstance(r.text, str) or isinstance(r.words, bool) or not isinstance(r.words, int):
+                bad(f"{at}.text/words", "must be text and a whole number")  # (version 1 traces hold -1 after a cut)
             if not num(r.seconds):
                 bad(f"{at}.seconds", "must be a number")
             if len(r.steps) != len(self.models):
