@@ -183,8 +183,11 @@ class Trace:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TraceError(f"cannot read trace {path}: {exc}; pick a .json trace exported by AdaFuse") from exc
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            # the file's name only: an upload's full path is a server's temporary folder, no use to the reader
+            raise TraceError(f"cannot read trace {Path(path).name}: {reason}; pick a .json trace exported by "
+                             "AdaFuse") from exc
         if not isinstance(data, dict) or "rounds" not in data or "models" not in data:
-            raise TraceError(f"{path} is JSON but not an AdaFuse trace (no 'rounds'/'models'); "
+            raise TraceError(f"{Path(path).name} is JSON but not an AdaFuse trace (no 'rounds'/'models'); "
                              "pick a file exported by AdaFuse")
         return cls.from_dict(data)

@@ -53,8 +53,9 @@ def test_trace_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(TraceError):
         Trace.load(tmp_path / "bad.json")
-    with pytest.raises(TraceError):
+    with pytest.raises(TraceError) as err:
         Trace.load(tmp_path / "missing.json")
+    assert str(tmp_path) not in str(err.value) and "missing.json" in str(err.value)  # no server paths shown
 
 
 @pytest.mark.parametrize("path,value,field", [
