@@ -187,7 +187,7 @@ class Decoding:
             stop = "max_new_words"
         if stop is None:
             before = [s.stats() for s in self.sessions]
-            # a lazy method moves only the models that acted; the others catch up in the next round's first phase
+            # a lazy method moves only the models that acted; the others catch up in a later round's first phase
             moving = [m for m, st in enumerate(r.steps) if not self.method.lazy or st.mode != "idle"]
             with self._fatal():
                 self.workers.map(lambda m: self.sessions[m].commit(new), moving)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 class Method:
     """A proposer: every model acts every round, the pool is scored by every model."""
     scores = True     # the pool is scored by every model
-    lazy = False      # models that did not act this round catch up only when they next act
+    lazy = False      # models that did not act this round catch up later (when next drawn, or beside the writer)
 
     def start(self, d: "Decoding") -> None:
         """Per-decode state (random generators)."""
@@ -86,7 +86,7 @@ class Greedy(Method):
 class Mixture(Method):
     """Word-level mixture of experts (ME): each round one model, drawn with `weights` and `seed`, writes the next word
     by sampling at `temperature` (0: greedily). No other model proposes or scores; the others catch up with one
-    forward over the accumulated text when they are next drawn."""
+    forward over the accumulated text when they are next drawn (side by side: every round, beside the writer)."""
     scores = False
     lazy = True
 
