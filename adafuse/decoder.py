@@ -99,7 +99,8 @@ class Decoding:
                 s.commit(output)
             return self.method.propose(self, s, budget) if m in acting else None
 
-        done = dict(zip(sorted(acting | catch_up), self.workers.map(act, sorted(acting | catch_up))))
+        moving = sorted(acting | catch_up)
+        done = dict(zip(moving, self.workers.map(act, moving)))
         keys: dict[tuple[str, bool], int] = {}
         words: list[int] = []
         proposers: list[list[str]] = []

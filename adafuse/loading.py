@@ -44,6 +44,7 @@ class LoadedModel:
     source: str = ""
     notes: list[str] = field(default_factory=list)
     banned_ids: frozenset[int] = frozenset()  # other special tokens: never proposed
+    folder: str = ""                  # the transformers folder the weights came from (a converted GGUF's cache folder)
     _texts: list[str] | None = field(default=None, repr=False)
 
     @property
@@ -341,6 +342,7 @@ def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | 
                                  "id such as meta-llama/Llama-3.1-8B-Instruct, a local folder or a .gguf file")
     model.eval()
     lm = LoadedModel.from_objects(name, model, tokenizer, add_bos=meta.get("add_bos"), source=source)
+    lm.folder = str(folder) if gguf is not None else (str(path) if path.exists() else "")
     lm.load_seconds = time.perf_counter() - start
     lm.notes = notes
     return lm
@@ -369,7 +371,8 @@ def parse_spec(spec: str) -> tuple[str, str | None, str | None]:
                                  f"({', '.join(BUNDLED)}), a Hugging Face id or a local path")
     spec = spec.strip()
     name, at, place = spec.rpartition("@")
-    if not at or not name or Path(spec).exists() or spec.startswith(("vllm:", "openai:")):  # served: placed there
+    from .remote import is_remote_spec
+    if not at or not name or Path(spec).exists() or is_remote_spec(spec):  # a served model is placed by its server
         return spec, None, None
     device, _, dtype = place.partition(",")
     device, dtype = device.strip().lower(), dtype.strip().lower() or None
@@ -401,33 +404,29 @@ def get_model(name: str, device: str | None = None, dtype=None, trust_remote_cod
     model does not fit (out of memory, or RAM/GPU memory shows it will not), the least recently used other models
     are unloaded first."""
     from .remote import is_remote_spec, load_remote
-    if is_remote_spec(name):  # a model on an inference server: nothing to place here
-        key = (name.strip(), "server", None, False)
-        with _GUARD:
-            lock = _LOCKS.setdefault(key, threading.Lock())
-        with lock:
-            if key not in _SHARED:
-                _SHARED[key] = load_remote(name)
-            _USED[key] = time.monotonic()
-            return _SHARED[key]
-    name, spec_device, spec_dtype = parse_spec(name)
-    device = str(spec_device or device or default_device())
-    device = "cuda:0" if device == "cuda" else device  # one key per place: cuda is cuda:0
-    dtype = spec_dtype or dtype or default_dtype(device)
-    key = (name, device, str(dtype).replace("torch.", ""), trust_remote_code)
+    if is_remote_spec(name):  # a model on an inference server: nothing to place here, nothing to make room for
+        key, need = (name.strip(), "server", None, False), None
+        load = lambda: load_remote(name)  # noqa: E731
+    else:
+        name, spec_device, spec_dtype = parse_spec(name)
+        device = str(spec_device or device or default_device())
+        device = "cuda:0" if device == "cuda" else device  # one key per place: cuda is cuda:0
+        dtype = spec_dtype or dtype or default_dtype(device)
+        key = (name, device, str(dtype).replace("torch.", ""), trust_remote_code)
+        need = _estimate_bytes(name, dtype)  # None (unknown): load, and make room only if it runs out of memory
+        load = lambda: load_model(name, device, dtype, trust_remote_code)  # noqa: E731
     with _GUARD:
         lock = _LOCKS.setdefault(key, threading.Lock())
     with lock:
         if key not in _SHARED:
-            need = _estimate_bytes(name, dtype)
-            if need is not None:  # unknown size: load, and make room only if it runs out of memory
+            if need is not None:
                 _make_room(key, need)
             try:
-                _SHARED[key] = load_model(name, device, dtype, trust_remote_code)
+                _SHARED[key] = load()
             except torch.OutOfMemoryError:
                 if not _make_room(key, None):
                     raise
-                _SHARED[key] = load_model(name, device, dtype, trust_remote_code)
+                _SHARED[key] = load()
         _USED[key] = time.monotonic()
         return _SHARED[key]
 

@@ -31,9 +31,10 @@ def _served(model) -> bool:
 class Workers:
     """Runs `fn(i)` for model indices: concurrently, one worker thread per distinct loaded model, or (`parallel`
     False) one after another in the caller's thread; with the same torch thread budget the two ways give the same
-    numbers bit for bit. A single model runs in the caller's thread. `parallel` None: side by side when some model computes off this machine's CPU (a GPU, a server);
-    models that all run on the CPU go one after another with every core each, which on a small CPU is faster (their
-    matrix products use every core: on 2 cores a model runs 1.65× faster on two threads than on one)."""
+    numbers bit for bit. A single model runs in the caller's thread. `parallel` None: side by side when some model
+    computes off this machine's CPU (a GPU, a server); models that all run on the CPU go one after another with every
+    core each, which on a small CPU is faster (their matrix products use every core: on 2 cores a model runs 1.65×
+    faster on two threads than on one)."""
 
     def __init__(self, models: Sequence, parallel: bool | None = None, threads: int | None = None):
         groups: dict[int, int] = {}
@@ -82,9 +83,6 @@ class Workers:
         """[fn(i) for i in indices], each model's calls on its own worker; the first error (in model order) is raised
         once every worker has finished."""
         indices = list(indices)
-        by_group: dict[int, list[int]] = {}
-        for i in indices:
-            by_group.setdefault(self.group[i], []).append(i)
         if not self.enabled:
             return [fn(i) for i in indices]
         if not self.parallel:
@@ -96,6 +94,9 @@ class Workers:
                 return self._run(fn, indices)
             finally:
                 torch.set_num_threads(old)
+        by_group: dict[int, list[int]] = {}
+        for i in indices:
+            by_group.setdefault(self.group[i], []).append(i)
         futures = {g: self.pool[g].submit(self._run, fn, members) for g, members in by_group.items()}
         done: dict[int, T] = {}
         error: BaseException | None = None

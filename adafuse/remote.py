@@ -101,7 +101,6 @@ class RemoteModel(LoadedModel):
     vocab: int = 0
     top_k: int = TOP_K
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    requests: int = 0
 
     @property
     def device(self) -> torch.device:
@@ -216,7 +215,7 @@ class RemoteSession(TokenizedView):
         self.spec: list[int] = []
         self.ahead: dict[tuple[int, ...], torch.Tensor] = {}  # distributions along greedy continuations fetched
         self.next_logprobs = self.end_logprobs = self.after([self.ids])[0]
-        self.prefix_reused = 0
+        self.prefix_reused = self.cached  # prompt tokens the server's prefix cache already held
         self.adoptable: dict[tuple[int, ...], torch.Tensor] = {}
 
     @staticmethod

@@ -104,9 +104,9 @@ def start(model: str = "smollm2-135m-instruct", name: str | None = None, log: Pa
     from ..loading import get_model
     path = Path(model)
     if not path.is_dir():
-        lm = get_model(model, device="cpu")
-        path = Path(lm.source.split("converted weights cached in ")[-1].rstrip(")")) if "cached in" in lm.source \
-            else Path(lm.source)
+        path = Path(get_model(model, device="cpu").folder)
+        if not path.is_dir():
+            raise RuntimeError(f"{model!r} has no local folder to serve (a Hub model): pass its folder instead")
     folder = served_copy(path)
     log = log or Path(os.environ.get("TMPDIR", "/tmp")) / f"adafuse-vllm-{os.getpid()}.log"
     return Server(folder, name or model.replace("/", "-"), _free_port(), log).wait()
