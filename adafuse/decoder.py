@@ -9,11 +9,12 @@ from typing import Iterator, Sequence
 
 from .candidates import Proposal
 from .config import DecodeConfig
-from .errors import ConfigError, PromptError
+from .errors import ConfigError, PromptError, ReplayError
 from .loading import LoadedModel, get_model
 from .methods import METHODS
 from .parallel import Workers
 from .remote import RemoteModel
+from .report import candidate_label
 from .scoring import score_candidates
 from .session import LocalSession
 from .trace import Candidate, ModelStep, Round, Trace
@@ -21,6 +22,8 @@ from .view import ModelView
 from .words import count_words, find_stop
 
 MAX_MODELS = 4
+# settings that only steer the rounds still to come (`Decoding.reconfigure`)
+LIVE_SETTINGS = ("tau", "max_words", "branches", "diversity", "max_new_words", "max_new_tokens")
 
 
 class Decoding:
@@ -235,6 +238,20 @@ class Decoding:
     def step(self) -> Round:
         return self.commit()
 
+    def reconfigure(self, config: DecodeConfig) -> dict:
+        """Change settings that only steer later rounds (LIVE_SETTINGS) from the next undecided round on; the trace
+        records each change. Anything else (models, prompt, mode, stop strings, method) needs a new decode."""
+        old, new = self.config.to_dict(), config.to_dict()
+        fixed = sorted(k for k in new if k not in LIVE_SETTINGS and new[k] != old[k])
+        if fixed:
+            raise ConfigError(f"{', '.join(fixed)} cannot change during a decode: start a new one")
+        changed = {k: new[k] for k in LIVE_SETTINGS if new[k] != old[k]}
+        if changed and not self.done:
+            self.config = config
+            start = len(self.trace.rounds) + (self.pending is not None)  # a decided round keeps its settings
+            self.trace.changes.append({"from_round": start, "settings": changed})
+        return changed
+
     def cancel(self) -> None:
         """Stop between rounds; the trace keeps what was decided."""
         self.pending = None
@@ -326,8 +343,65 @@ class AdaFuse:
             pass
         return d.trace
 
+    def branch(self, trace: Trace, round_index: int, candidate: int) -> "Decoding":
+        """`branch_from` with these models: the trace's own settings decide, not this object's config."""
+        return branch_from(self.models, trace, round_index, candidate, self.parallel, self.threads)
+
 
 def greedy(model: LoadedModel | str, prompt: str, config: DecodeConfig | None = None) -> Trace:
     """One model alone through the same machinery (same words, stops and costs)."""
     cfg = replace(config or DecodeConfig(), method="greedy")
     return AdaFuse([model], cfg).generate(prompt)
+
+
+def branch_from(models: Sequence[LoadedModel | str], trace: Trace, round_index: int, candidate: int,
+                parallel: bool | None = None, threads: int | None = None) -> Decoding:
+    """A counterfactual decode of `trace`'s prompt: rounds 0..round_index-1 are decided again by `models` (the models
+    the trace names, in its order) under the trace's settings and mid-decode changes, each committing the candidate
+    the original committed (its overrides included); round `round_index` then commits candidate `candidate` of its
+    pool. Returns the Decoding ready to continue (`step()` until `done`). Raises ConfigError for indices outside the
+    trace and ReplayError when a replayed round does not reproduce the original (other models or versions)."""
+    n = len(trace.rounds)
+    if not n:
+        raise ConfigError("this trace has no rounds to branch from: decode at least one round first")
+    if isinstance(round_index, bool) or not isinstance(round_index, int) or not 0 <= round_index < n:
+        raise ConfigError(f"round_index={round_index!r} is not a round of this trace: pick 0..{n - 1}")
+    pool = trace.rounds[round_index].candidates
+    if isinstance(candidate, bool) or not isinstance(candidate, int) or not 0 <= candidate < len(pool):
+        raise ConfigError(f"candidate={candidate!r} is not a candidate of round {round_index}: "
+                          f"pick 0..{len(pool) - 1}")
+    models = [get_model(m) if isinstance(m, str) else m for m in ([models] if isinstance(models, (str, LoadedModel))
+                                                                  else models)]
+    names = _unique_names(models)
+    if names != trace.models:
+        raise ConfigError(f"this trace was decoded by {', '.join(trace.models)}; got {', '.join(names) or 'none'}: "
+                          "pass the trace's models in its order")
+    d = Decoding(models, DecodeConfig.from_dict(trace.settings), trace.prompt, parallel, threads)
+    changes: dict[int, dict] = {}
+    for ch in trace.changes:
+        changes.setdefault(ch["from_round"], {}).update(ch["settings"])
+    try:
+        for i, orig in enumerate(trace.rounds[: round_index + 1]):
+            if i in changes:  # settings changed mid-decode, from the round they were changed at
+                d.reconfigure(DecodeConfig.from_dict({**d.config.to_dict(), **changes[i]}))
+            r = d.propose()
+            want = orig.candidates[candidate if i == round_index else orig.chosen]
+            labels = [candidate_label(c.text, c.eos) for c in r.candidates]
+            match = next((j for j, c in enumerate(r.candidates) if (c.text, c.eos) == (want.text, want.eos)), None)
+            why = ""
+            if match is None:
+                why = f"{candidate_label(want.text, want.eos)!r} is not in its pool {labels}"
+            elif i < round_index and not orig.overridden and match != r.winner:
+                why = (f"the scores now pick {labels[r.winner]!r}, the original picked "
+                       f"{candidate_label(want.text, want.eos)!r}")
+            if why:
+                raise ReplayError(f"the replay diverged at round {i}: {why}; branch with the models (and versions) "
+                                  "that decoded the trace, or decode the prompt again")
+            d.commit(match if i == round_index or orig.overridden else None)
+            if d.done and i < round_index:
+                raise ReplayError(f"the replay diverged at round {i}: it stopped ({d.trace.stop_reason}) where the "
+                                  "original went on; branch with the models that decoded the trace")
+    except BaseException:
+        d.cancel()
+        raise
+    return d

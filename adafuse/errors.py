@@ -31,3 +31,7 @@ class CancelledError(AdafuseError):
 
 class ServerError(AdafuseError, RuntimeError):
     """A model served by an inference engine is down, too slow, or lacks a feature the decoder needs."""
+
+
+class ReplayError(AdafuseError, RuntimeError):
+    """Replaying a trace's rounds did not reproduce them (other models or versions, a nondeterministic device)."""

@@ -11,8 +11,10 @@ def show(text: str, width: int = 40) -> str:
 
 
 def candidate_label(text: str, eos: bool) -> str:
-    """A candidate as the pool lists it; one that ends the answer reads "text ⏎ end"."""
-    return show(text) + (" ⏎ end" if eos else "")
+    """A candidate as the pool lists it; one that ends the answer reads "text ⏎ end" ("⏎ end" with no text)."""
+    if not eos:
+        return show(text)
+    return f"{show(text)} ⏎ end" if text else "⏎ end"
 
 
 def round_rows(trace: Trace) -> list[dict]:

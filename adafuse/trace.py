@@ -75,6 +75,7 @@ class Trace:
     seconds: float = 0.0
     devices: dict[str, str] = field(default_factory=dict)
     workers: str = ""              # how the models ran: "parallel (2 workers, 1 CPU thread(s) each)" or "sequential"
+    changes: list[dict] = field(default_factory=list)  # settings changed mid-decode: {"from_round": i, "settings": {..}}
     version: int = TRACE_VERSION
 
     # ---- derived numbers the CLI, app and benchmark read ----
@@ -133,6 +134,10 @@ class Trace:
             bad("models", "must be a list of model names")
         if not isinstance(self.settings, dict):
             bad("settings", "must be an object")
+        for i, ch in enumerate(self.changes if isinstance(self.changes, list) else [None]):
+            if not isinstance(ch, dict) or not isinstance(ch.get("from_round"), int) or not isinstance(
+                    ch.get("settings"), dict):
+                bad(f"changes[{i}]", "must be {from_round: round index, settings: {...}}")
         for i, r in enumerate(self.rounds):
             at = f"rounds[{i}]"
             n = len(r.candidates) if isinstance(r.candidates, list) else 0

@@ -8,7 +8,10 @@ from pathlib import Path
 
 from dataclasses import replace
 
-from adafuse import AdaFuse, DecodeConfig, Decoding, Trace, get_model, greedy
+from adafuse import AdaFuse, DecodeConfig, Decoding, Trace, get_model
+from adafuse.decoder import LIVE_SETTINGS, branch_from
+from adafuse.explain import token_view
+from adafuse.report import candidate_label
 from adafuse.errors import AdafuseError, ConfigError
 from adafuse.harness.evaluate import parse_methods
 from adafuse.loading import loaded_models, parse_spec, unload_model
@@ -37,6 +40,10 @@ def validate_models(names) -> list[str]:
     names = [n.strip() for n in (names or []) if isinstance(n, str) and n.strip()]
     if not 2 <= len(names) <= 4:
         raise ConfigError(f"pick 2 to 4 base models (you picked {len(names)})")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{', '.join(twice)} is picked twice: an ensemble of a model with itself is that model "
+                          "alone; pick different models (or place copies apart: MODEL@cpu, MODEL@cuda:0)")
     return names
 
 
@@ -85,14 +92,47 @@ class Explorer:
     decoding: Decoding | None = None
     trace: Trace | None = None
     singles: dict[str, Trace] = field(default_factory=dict)
-    others: dict[str, Trace] = field(default_factory=dict)   # other methods on the same prompt
+    others: dict[str, Trace] = field(default_factory=dict)   # other methods (and branches) on the same prompt
+    branches: dict[str, tuple[int, int, Trace]] = field(default_factory=dict)  # label -> (round, candidate, trace)
     key: tuple | None = None           # (models, config, prompt) of the decode in progress
     eval_rows: list[dict] = field(default_factory=list)     # the last evaluation batch
     export_dir: str | None = None
+    running: bool = False              # a Run is in flight (Step is refused, Cancel asks it to stop)
+    cancel_requested: bool = False     # Cancel pressed: the run stops after the round (or single decode) under way
+    confirm_key: tuple | None = None   # a change that would discard the decode in progress, awaiting a second press
 
     @property
     def pending(self):
         return self.decoding.pending if self.decoding is not None and not self.decoding.done else None
+
+    def plan(self, names, cfg: DecodeConfig, prompt: str, device: str | None = None) -> tuple[str, str]:
+        """What a Run or Step would do with these inputs: ("continue", changed live settings), ("new", ""), or
+        ("confirm", what changed) when it would throw away an unfinished decode; a second press confirms."""
+        names = model_specs(names, device)
+        key = (tuple(names), cfg, prompt)
+        d = self.decoding
+        if d is None or d.done or not d.trace.rounds and d.pending is None or key == self.confirm_key:
+            return "new", ""
+        old_names, old_cfg, old_prompt = self.key
+        what = [label for label, same in (("the models", tuple(names) == old_names), ("the prompt", prompt == old_prompt))
+                if not same]
+        old, new = old_cfg.to_dict(), cfg.to_dict()
+        what += [_SETTING_NAMES.get(k, k) for k in new if k not in LIVE_SETTINGS and new[k] != old[k]]
+        if what:
+            self.confirm_key = key
+            return "confirm", " and ".join(what)
+        live = [f"{_SETTING_NAMES.get(k, k)} {old[k]} → {new[k]}" for k in LIVE_SETTINGS if new[k] != old[k]]
+        return "continue", ", ".join(live)
+
+    def request_cancel(self) -> bool:
+        """Cancel: a running Run stops after the round under way (True: it renders the end itself); a decode in
+        step mode ends now."""
+        if self.running:  # the run's own thread ends its decode between rounds: never under a phase in progress
+            self.cancel_requested = True
+            return True
+        if self.decoding is not None:
+            self.decoding.cancel()
+        return False
 
     def load(self, names, device: str | None = None) -> str:
         lines = []
@@ -102,32 +142,90 @@ class Explorer:
         return "\n".join(lines)
 
     def begin(self, names, cfg: DecodeConfig, prompt: str, resume: bool, device: str | None = None) -> Decoding:
-        """Continue the decode in progress when it has the same settings, else start a new one."""
+        """Continue the decode in progress when only live settings changed (they apply from its next round), else
+        start a new one. Callers that must not discard unfinished work ask `plan` first."""
         names = model_specs(names, device)
         key = (tuple(names), cfg, prompt)
-        if resume and self.decoding is not None and not self.decoding.done and key == self.key:
-            return self.decoding
+        d = self.decoding
+        if resume and d is not None and not d.done and self.key is not None and key[0] == self.key[0] \
+                and prompt == self.key[2]:
+            try:
+                d.reconfigure(cfg)
+                self.key, self.confirm_key = key, None
+                return d
+            except ConfigError:
+                pass  # a setting that needs a new decode
         models = [get_model(n) for n in names]
         self.decoding = AdaFuse(models, cfg).start(prompt)
-        self.trace, self.singles, self.others, self.key = self.decoding.trace, {}, {}, key
+        self.trace, self.singles, self.others, self.key, self.confirm_key = self.decoding.trace, {}, {}, key, None
+        self.branches = {}
         return self.decoding
+
+    def _finish(self, d: Decoding) -> Trace | None:
+        """Run `d` to its end unless Cancel is pressed (then None)."""
+        while not d.done:
+            if self.cancel_requested:
+                d.cancel()
+                return None
+            d.step()
+        return d.trace
 
     def run_others(self, names, cfg: DecodeConfig, prompt: str, labels, device: str | None = None):
         models = [get_model(n) for n in model_specs(names, device)]
         for label in labels or []:
-            self.others[label] = AdaFuse(models, replace(cfg, **COMPARE_METHODS[label])).generate(prompt)
+            trace = self._finish(AdaFuse(models, replace(cfg, **COMPARE_METHODS[label])).start(prompt))
+            if trace is None:
+                return
+            self.others[label] = trace
             yield label
 
     def run_singles(self, names, cfg: DecodeConfig, prompt: str, device: str | None = None):
         for n in model_specs(names, device):
             lm = get_model(n)
             label = lm.name if lm.name not in self.singles else n  # the model's name; its spec when it repeats
-            self.singles[label] = greedy(lm, prompt, cfg)
+            trace = self._finish(AdaFuse([lm], replace(cfg, method="greedy")).start(prompt))
+            if trace is None:
+                return
+            self.singles[label] = trace
             yield label
+
+    def _trace_models(self) -> list:
+        """The models of the trace on view: this session's specs when it decoded it, else the names it records."""
+        t = self.trace
+        if t is None:
+            raise ConfigError("nothing to look into yet: Run or Step a decode, or load a trace")
+        names = list(self.key[0]) if self.key and self.decoding is not None and self.decoding.trace is t \
+            else list(t.models)
+        return [get_model(n) for n in names]
+
+    def branch(self, round_index, candidate):
+        """A counterfactual decode of the trace on view: the same rounds up to `round_index`, then `candidate` of
+        that round's pool, then on to the end. Yields (label, decoding) after each round; the branch joins
+        `others` (side by side with the original) and `branches` (marked in the tree)."""
+        r, c = _index(round_index, "round"), _index(candidate, "candidate")
+        models, trace = self._trace_models(), self.trace
+        d = branch_from(models, trace, r, c)
+        picked = trace.rounds[r].candidates[c]
+        label = f"branch at round {r}: {candidate_label(picked.text, picked.eos)}"
+        self.branches[label] = (r, c, d.trace)
+        self.others[label] = d.trace
+        yield label, d
+        while not d.done:
+            if self.cancel_requested:
+                d.cancel()
+                break
+            d.step()
+            yield label, d
+
+    def tokens(self, round_index, candidate) -> list[dict]:
+        """How each model tokenized and scored a candidate of the trace on view (`adafuse.explain.token_view`)."""
+        r, c = _index(round_index, "round"), _index(candidate, "candidate")
+        return token_view(self._trace_models(), self.trace, r, c)
 
     def load_trace(self, path: str) -> Trace:
         trace = Trace.load(path)
         self.decoding, self.trace, self.singles, self.others, self.key = None, trace, {}, {}, None
+        self.branches = {}
         return trace
 
     def evaluate(self, task_name: str, limit: int, methods, names, base: dict, device: str | None = None) -> list[dict]:
@@ -149,6 +247,7 @@ class Explorer:
         if row is None:
             raise ConfigError(f"no result for example {line} / {method}: run an evaluation first")
         self.decoding, self.trace, self.singles, self.others, self.key = None, Trace.from_dict(row["trace"]), {}, {}, None
+        self.branches = {}
         return self.trace
 
     def export(self) -> str | None:
@@ -161,6 +260,18 @@ class Explorer:
         self.trace.save(out)
         return str(out)
 
+
+def _index(value, what: str) -> int:
+    """A round or candidate number typed in the page: a whole number ≥ 0."""
+    if value is None or isinstance(value, bool) or not float(value).is_integer() or value < 0:
+        raise ConfigError(f"the {what} must be a whole number from 0 (got {value!r})")
+    return int(value)
+
+
+_SETTING_NAMES = {"tau": "τΔ", "max_words": "M", "branches": "B", "diversity": "diverse exploration",
+                  "max_new_words": "Max new words", "max_new_tokens": "Max new tokens", "mode": "the prompt mode",
+                  "stop": "the stop strings", "method": "the method", "system": "the system prompt",
+                  "thinking": "the thinking switch"}
 
 STOPS = {"max_new_words": "reached Max new words", "max_new_tokens": "reached Max new tokens (raise it to go on)",
          "eos": "the answer ended", "stop string": "a stop string", "context full": "a model's context window is full",

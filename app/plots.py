@@ -24,31 +24,53 @@ def cost_frame(trace: Trace | None, singles: dict[str, Trace] | None = None) -> 
     return pd.DataFrame(rows)
 
 
-def _span(text: str, style: str, tip: str) -> str:
+KIND_MARKS = {"commit": "solid", "explore": "dotted", "override": "double"}  # told apart without colour too
+
+
+def _span(text: str, kind: str | None, tip: str, ident: str) -> str:
+    """A round's text: coloured and underlined by kind, focusable; its details show on hover and keyboard focus
+    (data-tip) and are read by screen readers from the description `ident` (see `_descriptions`)."""
     body = html.escape(text).replace("\n", "⏎<br>")
-    return f'<span class="af-span" style="{style}" title="{html.escape(tip)}">{body}</span>'
+    style = (f"background:{KIND_COLORS[kind]};text-decoration:underline {KIND_MARKS[kind]} #374151"
+             if kind else "border:1px dashed #9ca3af;color:#4b5563")
+    return (f'<span class="af-span" tabindex="0" style="{style}" title="{html.escape(tip)}" '
+            f'data-tip="{html.escape(tip)}" aria-describedby="{ident}">{body}</span>')
+
+
+def _descriptions(tips: dict[str, str]) -> str:
+    """The spans' details for screen readers, outside the text so reading the answer is not interrupted."""
+    return '<div class="af-sr">' + "".join(f'<span id="{i}">{html.escape(t)}</span>' for i, t in tips.items()) + "</div>"
 
 
 def fused_html(trace: Trace | None, pending: Round | None = None) -> str:
-    """The fused output, each round's span coloured by its kind; hover shows round, margins and score."""
+    """The fused output, each round's span coloured and underlined by its kind; hover or focus (Tab) shows its
+    round, margins and score. The legend lists only the kinds present."""
     if not trace:
-        return '<div class="af-out af-empty">No output yet: pick an example or type a prompt, then Run or Step.</div>'
-    parts = []
+        return ('<div class="af-out af-empty">No output yet: type a prompt or pick an example, then ▶ Run '
+                '(Ctrl+Enter) or Step › (Ctrl+Shift+Enter).</div>')
+    parts, kinds, tips = [], [], {}
     for r in trace.rounds:
         c = r.candidates[r.chosen]
         tip = (f"round {r.index} · {KIND_NAMES[r.kind]} · {len(r.candidates)} candidate(s)"
                + (f" · fused NLL {c.fused:.3f}" if c.fused is not None else "")
                + " · Δ " + ", ".join(f"{s.model}={s.margins[0]:.2f}" for s in r.steps if s.margins))
-        parts.append(_span(r.text, f"background:{KIND_COLORS[r.kind]}", tip) if r.text else "")
+        if r.text:
+            parts.append(_span(r.text, r.kind, tip, f"af-tip-{r.index}"))
+            kinds.append(r.kind)
+            tips[f"af-tip-{r.index}"] = tip
     if pending is not None:
         c = pending.candidates[pending.winner]
-        parts.append(_span(c.text, "border:1px dashed #9ca3af;color:#6b7280",
-                           f"round {pending.index} · pending: Step accepts it"))
-    legend = " ".join(f'<span class="af-span" style="background:{col}">{KIND_NAMES[k]}</span>'
-                      for k, col in KIND_COLORS.items())
+        tips["af-tip-pending"] = f"round {pending.index} · pending: Step accepts it"
+        parts.append(_span(c.text, None, tips["af-tip-pending"], "af-tip-pending"))
+    legend = " ".join(f'<span class="af-key" style="background:{KIND_COLORS[k]};text-decoration:underline '
+                      f'{KIND_MARKS[k]} #374151">{KIND_NAMES[k]}</span>' for k in KIND_COLORS if k in kinds)
     stop = f" · stopped: {trace.stop_reason}" if trace.stop_reason else ""
-    return (f'<div class="af-out">{"".join(parts) or "<i>(empty)</i>"}</div>'
-            f'<div class="af-legend">{legend} · {len(trace.rounds)} rounds · {trace.words} words{stop}</div>')
+    raw = [m for m, mode in trace.prompt_modes.items() if mode.startswith("raw (")]
+    if raw and trace.settings.get("mode") == "chat":
+        stop += f" · read raw (no chat template): {', '.join(raw)}"
+    return (f'<div class="af-out">{"".join(parts) or "<i>(empty)</i>"}</div>{_descriptions(tips)}'
+            f'<div class="af-legend">{legend}{" · " if legend else ""}{len(trace.rounds)} rounds · '
+            f'{trace.words} words{stop} · Tab through the text for each round\'s details</div>')
 
 
 def _seconds(t: Trace) -> float:

@@ -6,6 +6,7 @@ import html
 import gradio as gr
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
+from adafuse.explain import token_view_html, tree_html
 from adafuse.report import candidate_label
 
 from . import plots
@@ -13,23 +14,78 @@ from .controller import (COMPARE_METHODS, EVAL_METHODS, Explorer, device_choices
                          load_examples, loaded_frame, parse_stops, stop_note, unload)
 
 CSS = """
+/* contrast (WCAG AA): the default theme's subdued text, orange accent and red buttons are too light on white */
+.gradio-container {--body-text-color-subdued: #4b5563; --color-accent: #c2410c; --color-accent-soft: #ffedd5;
+  --button-primary-background-fill: #c2410c; --button-primary-background-fill-hover: #9a3412;
+  --button-primary-text-color: #fff; --button-cancel-background-fill: #b91c1c;
+  --button-cancel-background-fill-hover: #991b1b; --button-cancel-text-color: #fff; --link-text-color: #1d4ed8;
+  --block-info-text-color: #4b5563}
+.gradio-container .info-text, .gradio-container .info-text code {color: #374151}
 .af-out {font-family: ui-serif, Georgia, serif; font-size: 1.08rem; line-height: 1.9; padding: 12px 14px;
-         border: 1px solid #e5e7eb; border-radius: 10px; background: #fff; min-height: 64px; white-space: normal}
-.af-span {border-radius: 4px; padding: 1px 2px; margin: 0 1px; cursor: help}
-.af-legend {font-size: .85rem; color: #4b5563; margin-top: 6px}
-.af-empty {color: #6b7280; padding: 10px}
-.af-grid {display: grid; grid-template-columns: repeat(auto-fit, minmax(220px, 1fr)); gap: 12px}
-.af-col {border: 1px solid #e5e7eb; border-radius: 10px; padding: 10px; background: #fafafa}
-.af-col pre {white-space: pre-wrap; font-family: ui-serif, Georgia, serif; font-size: 1rem; margin: 6px 0 0}
-.af-meta {font-size: .8rem; color: #6b7280}
+         border: 1px solid #e5e7eb; border-radius: 10px; background: #fff; color: #111827; min-height: 64px;
+         white-space: normal; overflow-wrap: anywhere; word-break: break-word; max-width: 100%}
+.af-span {border-radius: 4px; padding: 1px 2px; margin: 0 1px; cursor: help; position: relative;
+          text-underline-offset: 4px}
+.af-span:focus-visible {outline: 2px solid #1d4ed8; outline-offset: 1px}
+.af-span:focus-visible::after {content: attr(data-tip); position: absolute; left: 0; top: 100%; z-index: 20;
+          background: #111827; color: #fff; font: .8rem/1.4 ui-sans-serif, system-ui, sans-serif; padding: 4px 8px;
+          border-radius: 6px; width: max-content; max-width: min(420px, 80vw); white-space: normal}
+.af-sr {position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap}
+.af-key {border-radius: 4px; padding: 1px 4px; text-underline-offset: 4px; color: #111827}
+.af-legend {font-size: .85rem; color: #374151; margin-top: 6px}
+.af-empty {color: #4b5563; padding: 10px}
+.af-grid {display: grid; grid-template-columns: repeat(auto-fit, minmax(min(220px, 100%), 1fr)); gap: 12px}
+.af-col {border: 1px solid #e5e7eb; border-radius: 10px; padding: 10px; background: #fafafa; color: #111827;
+         min-width: 0}
+.af-col pre {white-space: pre-wrap; overflow-wrap: anywhere; word-break: break-word; font-family: ui-serif, Georgia,
+             serif; font-size: 1rem; margin: 6px 0 0}
+.af-meta {font-size: .8rem; color: #4b5563}
 #af-status {min-height: 1.5em}
+/* the decision tree and token view inside Gradio's prose styles: plain lists, small left-aligned node buttons */
+#af-tree ol, #af-tree ul {list-style: none; padding-left: 0; margin: 0}
+#af-tree li::marker {content: none}
+#af-tree li {margin: 0; padding-left: 0}
+#af-tree button.af-node {font: inherit; font-size: .8rem; font-weight: 400; line-height: 1.35; text-align: left;
+  color: #111827; background: #f9fafb; border: 1px solid #d1d5db; border-radius: 5px; padding: 4px 6px;
+  display: block; width: 100%; min-height: 0; box-shadow: none}
+#af-tree button.af-node:hover {background: #eef2ff}
+#af-tree button.af-node.af-branch-point {box-shadow: inset 4px 0 0 #7c3aed}
+#af-tree .af-label {font-weight: 600}
+#af-tokens table {margin: 4px 0 10px}
 """
+
+# Keyboard shortcuts: Ctrl+Enter runs, Ctrl+Shift+Enter steps (also from inside the prompt box).
+SHORTCUTS = """() => {
+  if (window.afShortcuts) return;
+  window.afShortcuts = true;
+  document.addEventListener('keydown', (e) => {
+    if (!(e.ctrlKey || e.metaKey) || e.key !== 'Enter') return;
+    const id = e.shiftKey ? 'af-step' : 'af-run';
+    const button = document.getElementById(id);
+    if (button && !button.disabled) { e.preventDefault(); button.click(); }
+  });
+  // a decision-tree node that was not chosen: fill "Branch from round / with candidate", then branch
+  document.addEventListener('click', (e) => {
+    const node = e.target.closest && e.target.closest('#af-tree button[data-node]');
+    if (!node) return;
+    const [r, c] = node.dataset.node.split(':');
+    const set = (id, v) => {
+      const input = document.querySelector('#' + id + ' input');
+      input.value = v;
+      input.dispatchEvent(new Event('input', {bubbles: true}));
+      input.dispatchEvent(new Event('change', {bubbles: true}));
+    };
+    set('af-branch-round', r);
+    set('af-branch-cand', c);
+    setTimeout(() => document.getElementById('af-branch').click(), 150);
+  });
+}"""
 
 INTRO = """# AdaFuse Explorer
 Several language models write **one answer together, word by word**. At each word start every model checks its
 confidence margin Δ (top-1 minus top-2 probability): confident models **commit** up to M words, unsure ones
 **explore** B distinct candidates; all candidates are scored by every model (length-normalized NLL) and the lowest
-average wins. Hover a span to see its round."""
+average wins. Hover a span (or Tab to it) to see its round. **Ctrl+Enter** runs, **Ctrl+Shift+Enter** steps."""
 
 
 def _settings(tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop) -> DecodeConfig:
@@ -67,6 +123,7 @@ def render(ex: Explorer, status: str = "", selected: int | None = None, export: 
     if selected is None or selected >= n:  # the latest round that had a real choice to make
         selected = next((r.index for r in reversed(t.rounds) if len(r.candidates) > 1), n - 1) if t else -1
     choices = _choices(pending)
+    live = ex.running or (ex.decoding is not None and not ex.decoding.done)
     return (
         plots.fused_html(t, pending),
         plots.compare_html(t, ex.singles, ex.others),
@@ -82,7 +139,20 @@ def render(ex: Explorer, status: str = "", selected: int | None = None, export: 
         status,
         gr.update(value=ex.export(), interactive=t is not None) if export else gr.update(),
         *loaded_views(loaded),
+        gr.update(interactive=live),
+        tree_html(t, ex.branches),
     )
+
+
+STATUS_AT = 10  # where the status sits in render()'s tuple
+
+
+def only_status(text: str | None = None) -> tuple:
+    """Leave every view as it is; set the status (None: leave it too)."""
+    out = [gr.update()] * len(render(Explorer()))
+    if text is not None:
+        out[STATUS_AT] = text
+    return tuple(out)
 
 
 def _error(ex: Explorer, exc: BaseException):
@@ -91,79 +161,123 @@ def _error(ex: Explorer, exc: BaseException):
     return render(ex, f"⚠️ **Error:** {html.escape(msg)}", loaded=True)
 
 
+def _confirm(ex: Explorer, what: str, button: str) -> str:
+    n = len(ex.trace.rounds) if ex.trace else 0
+    return (f"⚠️ You changed {html.escape(what)} since this decode began ({n} round(s) so far). Press **{button}** "
+            f"again to drop them and start a new decode, or change it back to go on where you are.")
+
+
+def _example_note(prompt_text, mode, stop, max_words) -> str:
+    stops = ", ".join(repr(x) for x in parse_stops(stop)) or "none"
+    return (f"Example loaded: prompt mode **{mode}**, stop strings {html.escape(stops)}, **Max new words set to "
+            f"{int(max_words)}** (settings panel). Press ▶ Run or Step ›.")
+
+
 def build_demo() -> gr.Blocks:
     examples = load_examples()
     with gr.Blocks(title="AdaFuse Explorer") as demo:
         state = gr.State(None)
         gr.Markdown(INTRO)
+        # settings are made first (the examples fill some of them) and placed in the settings column below
+        models = gr.Dropdown(choices=list(BUNDLED) + list(PAPER_MODELS), value=list(DEFAULT_PAIR),
+                             multiselect=True, allow_custom_value=True, render=False,
+                             label="Base models (2–4; type any HF id or local path)", elem_id="af-models",
+                             info="Place a model by typing `MODEL@cuda:1`, `MODEL@cpu` or `MODEL@auto,bfloat16` "
+                                  "(auto: spread over every GPU; dtype float32, bfloat16 or float16); a model on a "
+                                  "vLLM server: `vllm:http://HOST:PORT/v1#SERVED-NAME`.")
+        tau = gr.Slider(0, 1, value=0.7, step=0.05, label="τΔ: commit when Δ ≥ τΔ", render=False, elem_id="af-tau")
+        max_words = gr.Slider(1, 5, value=3, step=1, label="M: most words per confident round", render=False)
+        branches = gr.Slider(1, 8, value=3, step=1, label="B: candidates when unsure", render=False)
+        diversity = gr.Checkbox(True, label="Diverse exploration (off = beam search)", render=False)
+        max_new_words = gr.Slider(1, 200, value=40, step=1, label="Max new words", render=False,
+                                  elem_id="af-max-words")
+        max_new_tokens = gr.Slider(16, 2048, value=1024, step=16, elem_id="af-max-tokens", render=False,
+                                   label="Max new tokens (each model's tokenizer; the larger count binds)")
+        mode = gr.Radio(["raw", "chat"], value="raw", label="Prompt mode", render=False)
+        stop = gr.Textbox(value="", lines=2, label="Stop strings (one per line, \\n for newline)", render=False)
         with gr.Row():
-            with gr.Column(scale=1, min_width=300):
-                models = gr.Dropdown(choices=list(BUNDLED) + list(PAPER_MODELS), value=list(DEFAULT_PAIR),
-                                     multiselect=True, allow_custom_value=True, max_choices=4,
-                                     label="Base models (2–4; type any HF id or local path)", elem_id="af-models",
-                                     info="Place a model by typing `MODEL@cuda:1`, `MODEL@cpu` or "
-                                          "`MODEL@auto,bfloat16` (auto: spread over every GPU; dtype float32, "
-                                          "bfloat16 or float16); a model on a vLLM server: "
-                                          "`vllm:http://HOST:PORT/v1#SERVED-NAME`.")
+            with gr.Column(scale=2, min_width=320, elem_id="af-main"):  # first: on a phone the prompt comes first
+                prompt = gr.Textbox(lines=5, label="Prompt", elem_id="af-prompt",
+                                    placeholder="Type a prompt or pick an example below")
+                with gr.Row():
+                    run_btn = gr.Button("▶ Run", variant="primary", elem_id="af-run")
+                    step_btn = gr.Button("Step ›", elem_id="af-step")
+                    cancel_btn = gr.Button("■ Cancel", variant="stop", elem_id="af-cancel", interactive=False)
+                    reset_btn = gr.Button("↺ Reset", elem_id="af-reset")
+                status = gr.Markdown("", elem_id="af-status")
+                gr.Examples(examples=[[e["prompt"], e["mode"], e["stop"], e["max_words"]] for e in examples],
+                            inputs=[prompt, mode, stop, max_new_words], outputs=[status], fn=_example_note,
+                            run_on_click=True, cache_examples=False,
+                            example_labels=[e["label"] for e in examples], label="Examples")
+                choice = gr.Dropdown(choices=[], label="Step mode: candidate to commit next (default: the winner)",
+                                     interactive=False, elem_id="af-choice")
+                fused = gr.HTML(plots.fused_html(None), elem_id="af-fused")
+                with gr.Tabs():
+                    with gr.Tab("Fused vs alone", id="compare"):
+                        compare_view = gr.HTML(plots.compare_html(None, None), elem_id="af-compare")
+                    with gr.Tab("Margins", id="margins"):
+                        margins_plot = gr.Plot(plots.margins_figure(None), elem_id="af-margins")
+                    with gr.Tab("Pool", id="pool"):
+                        round_sel = gr.Slider(0, 1, value=0, step=1, label="Round", interactive=False,
+                                              elem_id="af-round")
+                        pool_plot = gr.Plot(plots.pool_figure(None), elem_id="af-pool")
+                    with gr.Tab("Tree", id="tree"):
+                        gr.Markdown("Every round's pool; the chosen path is marked ✓. **Click a candidate that was "
+                                    "not chosen** (or enter its round and number below) to branch a new decode from "
+                                    "there: both answers then stand side by side under *Fused vs alone*.")
+                        tree_view = gr.HTML(tree_html(None), elem_id="af-tree")
+                        with gr.Row():
+                            branch_round = gr.Number(label="Branch from round", precision=0, minimum=0,
+                                                     elem_id="af-branch-round")
+                            branch_cand = gr.Number(label="with candidate", precision=0, minimum=0,
+                                                    elem_id="af-branch-cand")
+                            branch_btn = gr.Button("Branch here", elem_id="af-branch")
+                    with gr.Tab("Tokens", id="tokens"):
+                        gr.Markdown("How each model tokenizes a candidate in context, each token's log-prob, the "
+                                    "token that straddles the word boundary, and the top tokens at the word start "
+                                    "with the margin Δ (needs the trace's models; they load if needed).")
+                        with gr.Row():
+                            tok_round = gr.Number(label="Round", precision=0, minimum=0, elem_id="af-tok-round")
+                            tok_cand = gr.Number(label="Candidate", precision=0, minimum=0, value=0,
+                                                 elem_id="af-tok-cand")
+                            tok_btn = gr.Button("Show tokens", elem_id="af-tok-show")
+                        tok_view = gr.HTML("", elem_id="af-tokens")
+                    with gr.Tab("Words/round", id="wpr"):
+                        wpr_plot = gr.Plot(plots.words_per_round_figure(None), elem_id="af-wpr")
+                    with gr.Tab("Rounds & cost", id="rounds"):
+                        rounds_df = gr.Dataframe(plots.rounds_frame(None), label="Rounds", elem_id="af-rounds",
+                                                 wrap=True)
+                        cost_plot = gr.Plot(plots.cost_figure(None), elem_id="af-cost")
+                        cost_df = gr.Dataframe(plots.cost_frame(None), label="Forward passes, tokens fed, seconds")
+            with gr.Column(scale=1, min_width=300, elem_id="af-settings"):
+                models.render()
                 device = gr.Dropdown(device_choices(), value="default", label="Device for all models",
                                      info="Added to each model without its own @DEVICE; default: CUDA when "
                                           "present, else CPU.", elem_id="af-device")
                 load_btn = gr.Button("Load models", size="sm")
                 load_status = gr.Markdown("Bundled pair preselected; models load on first use.",
                                           elem_id="af-load-status")
-                loaded_df = gr.Dataframe(loaded_frame([]), label="Loaded models", interactive=False,
-                                         elem_id="af-loaded")
-                with gr.Row():
-                    unload_pick = gr.Dropdown([], label="Loaded model", scale=2, elem_id="af-unload-pick")
-                    unload_btn = gr.Button("Unload", size="sm", scale=1, elem_id="af-unload")
-                tau = gr.Slider(0, 1, value=0.7, step=0.05, label="τΔ: commit when Δ ≥ τΔ")
-                max_words = gr.Slider(1, 5, value=3, step=1, label="M: most words per confident round")
-                branches = gr.Slider(1, 8, value=3, step=1, label="B: candidates when unsure")
-                diversity = gr.Checkbox(True, label="Diverse exploration (off = beam search)")
-                max_new_words = gr.Slider(1, 200, value=40, step=1, label="Max new words")
-                max_new_tokens = gr.Slider(16, 2048, value=1024, step=16, elem_id="af-max-tokens",
-                                           label="Max new tokens (each model's tokenizer; the larger count binds)")
-                mode = gr.Radio(["raw", "chat"], value="raw", label="Prompt mode")
-                stop = gr.Textbox(value="", lines=2, label="Stop strings (one per line, \\n for newline)")
+                for c in (tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop):
+                    c.render()
                 compare = gr.Checkbox(True, label="Also run each model alone (greedy)")
                 others = gr.CheckboxGroup(list(COMPARE_METHODS), value=[], label="Also decode with (side by side)")
-            with gr.Column(scale=2):
-                prompt = gr.Textbox(lines=7, label="Prompt", elem_id="af-prompt",
-                                    placeholder="Type a prompt or pick an example below")
-                with gr.Row():
-                    run_btn = gr.Button("▶ Run", variant="primary", elem_id="af-run")
-                    step_btn = gr.Button("Step ›", elem_id="af-step")
-                    cancel_btn = gr.Button("■ Cancel", variant="stop", elem_id="af-cancel")
-                    reset_btn = gr.Button("↺ Reset", elem_id="af-reset")
-                choice = gr.Dropdown(choices=[], label="Step mode: candidate to commit next (default: the winner)",
-                                     interactive=False, elem_id="af-choice")
-                status = gr.Markdown("", elem_id="af-status")
-                fused = gr.HTML(plots.fused_html(None), elem_id="af-fused")
-                gr.Examples(examples=[[e["prompt"], e["mode"], e["stop"], e["max_words"]] for e in examples],
-                            inputs=[prompt, mode, stop, max_new_words],
-                            example_labels=[e["label"] for e in examples], label="Examples")
-        with gr.Tabs():
-            with gr.Tab("Fused vs single models", id="compare"):
-                compare_view = gr.HTML(plots.compare_html(None, None), elem_id="af-compare")
-            with gr.Tab("Confidence margins", id="margins"):
-                margins_plot = gr.Plot(plots.margins_figure(None), elem_id="af-margins")
-            with gr.Tab("Candidate pool", id="pool"):
-                round_sel = gr.Slider(0, 1, value=0, step=1, label="Round", interactive=False, elem_id="af-round")
-                pool_plot = gr.Plot(plots.pool_figure(None), elem_id="af-pool")
-            with gr.Tab("Words per round", id="wpr"):
-                wpr_plot = gr.Plot(plots.words_per_round_figure(None), elem_id="af-wpr")
-            with gr.Tab("Rounds & cost", id="rounds"):
-                rounds_df = gr.Dataframe(plots.rounds_frame(None), label="Rounds", elem_id="af-rounds", wrap=True)
-                cost_plot = gr.Plot(plots.cost_figure(None), elem_id="af-cost")
-                cost_df = gr.Dataframe(plots.cost_frame(None), label="Forward passes, tokens fed, seconds")
+                with gr.Accordion("Loaded models", open=True):
+                    loaded_df = gr.Dataframe(loaded_frame([]), label="Loaded models", interactive=False,
+                                             elem_id="af-loaded")
+                    with gr.Row():
+                        unload_pick = gr.Dropdown([], label="Loaded model", scale=2, elem_id="af-unload-pick")
+                        unload_btn = gr.Button("Unload", size="sm", scale=1, elem_id="af-unload")
+
+        with gr.Tabs():  # work on many prompts, and traces kept as files: full width below
             with gr.Tab("Evaluate", id="eval"):
-                gr.Markdown("Run a small batch of a benchmark task (from `../shared/data`) with several methods, then "
-                            "open any example's trace in the views above.")
+                gr.Markdown("Run a small batch of a benchmark task with several methods, then open any "
+                            "example's trace in the views above.")
                 with gr.Row():
                     from adafuse.harness.tasks import TASKS
                     eval_task = gr.Dropdown(list(TASKS), value="triviaqa", label="Task")
                     eval_n = gr.Slider(1, 20, value=3, step=1, label="Examples")
-                    eval_methods = gr.CheckboxGroup(list(EVAL_METHODS), value=["adafuse", "greedy"], label="Methods")
+                    eval_methods = gr.CheckboxGroup(list(EVAL_METHODS), value=["adafuse", "greedy"],
+                                                    label="Methods")
                 eval_btn = gr.Button("Run evaluation", elem_id="af-eval-run")
                 eval_status = gr.Markdown("", elem_id="af-eval-status")
                 eval_summary = gr.Dataframe(label="Summary", elem_id="af-eval-summary", wrap=True)
@@ -176,11 +290,12 @@ def build_demo() -> gr.Blocks:
             with gr.Tab("Export / load trace", id="io"):
                 download = gr.DownloadButton("⬇ Download trace (JSON)", value=None, interactive=False,
                                              elem_id="af-download")
-                upload = gr.File(label="Load a saved trace (browse it without any model)", file_types=[".json"],
-                                 elem_id="af-upload")
+                upload = gr.File(label="Load a saved trace (browse it without any model)",
+                                 file_types=[".json"], elem_id="af-upload")
 
         outputs = [fused, compare_view, margins_plot, pool_plot, wpr_plot, rounds_df, cost_df, cost_plot, round_sel,
-                   choice, status, download, loaded_df, unload_pick]
+                   choice, status, download, loaded_df, unload_pick, cancel_btn, tree_view]
+        assert outputs[STATUS_AT] is status
         settings = [tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop]
 
         # ---- wiring ----
@@ -200,52 +315,110 @@ def build_demo() -> gr.Blocks:
 
         def on_run(ex, names, dev, prompt_text, want_singles, other_methods, *s):
             ex = ex or Explorer()
+            if ex.running:
+                yield (ex, *only_status("A Run is already decoding in this session: wait, or press ■ Cancel."))
+                return
             try:
                 cfg = _settings(*s)
+                kind, what = ex.plan(names, cfg, prompt_text, dev)
+                if kind == "confirm":
+                    yield (ex, *render(ex, _confirm(ex, what, "▶ Run")))
+                    return
+                ex.running, ex.cancel_requested = True, False
                 yield (ex, *render(ex, "… loading models and reading the prompt", export=False))
                 d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
-                yield (ex, *render(ex, "… decoding", export=False, loaded=True))
-                while not d.done:
+                changed = f" ({what} from round {d.trace.changes[-1]['from_round']})" if what else ""
+                yield (ex, *render(ex, f"… decoding{changed}", export=False, loaded=True))
+                while not d.done and not ex.cancel_requested:
                     r = d.step()
                     yield (ex, *render(ex, f"… round {r.index + 1} · {d.trace.words} words", export=False))
-                for label in ex.run_others(names, cfg, prompt_text, other_methods, dev):
-                    yield (ex, *render(ex, f"… {label} done", export=False))
-                if want_singles:
+                if not ex.cancel_requested:
+                    for label in ex.run_others(names, cfg, prompt_text, other_methods, dev):
+                        yield (ex, *render(ex, f"… {label} done", export=False))
+                if want_singles and not ex.cancel_requested:
                     for name in ex.run_singles(names, cfg, prompt_text, dev):
                         yield (ex, *render(ex, f"… {name} alone done", export=False))
+                ex.running = False
+                if ex.cancel_requested:
+                    d.cancel()
+                    yield (ex, *render(ex, f"■ cancelled after round {len(d.trace.rounds)}: the "
+                                           f"{d.trace.words} words so far are kept", loaded=True))
+                    return
                 yield (ex, *render(ex, f"✓ done: {d.trace.words} words in {len(d.trace.rounds)} rounds "
                                        f"({d.trace.seconds:.1f}s), {stop_note(d.trace)}", loaded=True))
             except Exception as exc:  # noqa: BLE001
+                ex.running = False
                 yield (ex, *_error(ex, exc))
+            finally:  # also when Reset closes this run
+                ex.running = False
 
         def on_step(ex, names, dev, prompt_text, picked, *s):
             ex = ex or Explorer()
+            if ex.running:
+                return (ex, *only_status("Step is not available while ▶ Run is decoding: wait for it to end, or "
+                                         "press ■ Cancel first."))
             try:
                 cfg = _settings(*s)
+                kind, what = ex.plan(names, cfg, prompt_text, dev)
+                if kind == "confirm":
+                    return (ex, *render(ex, _confirm(ex, what, "Step ›")))
                 before = ex.decoding
-                d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)  # same settings: the same decode
+                d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
                 fresh = d is not before
                 if not fresh and d.pending is not None:
                     r = d.commit(int(picked) if picked is not None else None)
                     note = f"committed round {r.index}" + (" (your override)" if r.overridden else "")
                 else:
                     note = "started"
+                if what and not fresh:
+                    note += f" · {what} from round {d.trace.changes[-1]['from_round']}"
                 if not d.done:
                     p = d.propose()
                     note += f"; round {p.index} decided — pick a candidate or press Step to accept the winner"
                 else:
                     note += f"; finished ({stop_note(d.trace)})"
-                return (ex, *render(ex, f"› {note}", loaded=True))
+                return (ex, *render(ex, f"› {html.escape(note)}", loaded=True))
             except Exception as exc:  # noqa: BLE001
                 return (ex, *_error(ex, exc))
 
         def on_cancel(ex):
             ex = ex or Explorer()
-            if ex.decoding is not None:
-                ex.decoding.cancel()
-            return (ex, *render(ex, "■ cancelled between rounds"))
+            if ex.request_cancel():  # the run ends itself after the round under way and says so
+                gr.Info("Cancelling after the round under way", duration=4)
+                return (ex, *only_status())
+            return (ex, *render(ex, "■ cancelled between rounds" if ex.trace else "nothing is running"))
 
-        def on_reset():
+        def on_branch(ex, r_idx, c_idx):
+            ex = ex or Explorer()
+            if ex.running:
+                yield (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before branching."))
+                return
+            try:
+                ex.running, ex.cancel_requested = True, False
+                yield (ex, *render(ex, f"… branching from round {r_idx}: deciding the rounds before it again",
+                                   export=False))
+                for label, d in ex.branch(r_idx, c_idx):
+                    yield (ex, *render(ex, f"… {html.escape(label)}: round {len(d.trace.rounds)} · "
+                                           f"{d.trace.words} words", export=False))
+                ex.running = False
+                yield (ex, *render(ex, f"✓ {html.escape(label)}: {d.trace.words} words ({stop_note(d.trace)}); see it "
+                                       "beside the original under *Fused vs alone*", loaded=True))
+            except Exception as exc:  # noqa: BLE001
+                ex.running = False
+                yield (ex, *_error(ex, exc))
+            finally:
+                ex.running = False
+
+        def on_tokens(ex, r_idx, c_idx):
+            ex = ex or Explorer()
+            try:
+                return token_view_html(ex.tokens(r_idx, c_idx))
+            except Exception as exc:  # noqa: BLE001
+                return f'<div class="af-empty">⚠️ {html.escape(friendly(exc))}</div>'
+
+        def on_reset(ex):
+            if ex is not None:
+                ex.cancel_requested = True  # a run still under way stops at its next round
             ex = Explorer()
             return (ex, *render(ex, "↺ reset"))
 
@@ -257,6 +430,8 @@ def build_demo() -> gr.Blocks:
             ex = ex or Explorer()
             if file is None:
                 return (ex, *render(ex))
+            if ex.running:
+                return (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before loading a trace."))
             try:
                 t = ex.load_trace(file if isinstance(file, str) else file.name)
                 return (ex, *render(ex, f"📂 loaded a trace of {len(t.rounds)} rounds ({', '.join(t.models)})"))
@@ -282,6 +457,8 @@ def build_demo() -> gr.Blocks:
 
         def on_open(ex, line, method):
             ex = ex or Explorer()
+            if ex.running:
+                return (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before opening an example."))
             try:
                 t = ex.open_example(int(line or 0), method)
                 return (ex, *render(ex, f"📂 example {int(line)} / {method}: {len(t.rounds)} rounds"))
@@ -290,6 +467,7 @@ def build_demo() -> gr.Blocks:
 
         refresh = [loaded_df, unload_pick]
         demo.load(loaded_views, None, refresh, show_progress="hidden")
+        demo.load(None, None, None, js=SHORTCUTS)
         load_btn.click(on_load, [models, device], [load_status]).then(loaded_views, None, refresh,
                                                                       show_progress="hidden")
         unload_btn.click(on_unload, [unload_pick], [load_status, *refresh])
@@ -302,8 +480,12 @@ def build_demo() -> gr.Blocks:
                                 concurrency_limit=2, concurrency_id="decode")
         step_evt = step_btn.click(on_step, [state, models, device, prompt, choice, *settings], [state, *outputs],
                                   concurrency_limit=2, concurrency_id="decode")
-        cancel_btn.click(on_cancel, [state], [state, *outputs], cancels=[run_evt, step_evt])
-        reset_btn.click(on_reset, None, [state, *outputs], cancels=[run_evt, step_evt])
-        round_sel.release(on_round, [state, round_sel], [pool_plot])
+        cancel_btn.click(on_cancel, [state], [state, *outputs])
+        reset_btn.click(on_reset, [state], [state, *outputs], cancels=[run_evt, step_evt])
+        round_sel.input(on_round, [state, round_sel], [pool_plot], show_progress="hidden")  # keys too
         upload.upload(on_upload, [state, upload], [state, *outputs])
+        branch_btn.click(on_branch, [state, branch_round, branch_cand], [state, *outputs],
+                         concurrency_limit=2, concurrency_id="decode")
+        tok_btn.click(on_tokens, [state, tok_round, tok_cand], [tok_view], concurrency_limit=2,
+                      concurrency_id="decode")
     return demo

@@ -106,13 +106,16 @@ def open_tab(pg, name: str):
 
 def test_run_mode_renders_every_view_and_exports(page, tmp_path):
     pg = page
+    assert pg.locator("#af-cancel").is_disabled()  # nothing runs yet
     pick_example(pg, "QA · tallest mountain", "tallest mountain")
+    wait_status(pg, "Max new words set to", 30)  # an example says which settings it changed
     pg.get_by_label("fixed span 2").check()
     pg.locator("#af-device input").click()
     pg.get_by_role("option", name="cpu", exact=True).click()
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done")
     assert "stop: " in status(pg) and pg.locator("#af-max-tokens").count() == 1  # every cap visible, named
+    assert pg.locator("#af-cancel").is_disabled()  # live only while something can be cancelled
     pg.locator("#af-loaded .virtual-row").first.wait_for()
     rows = pg.locator("#af-loaded .virtual-row").all_inner_texts()
     for name in ("smollm2-135m-instruct", "gemma3-270m"):  # loaded on first use, each on the CPU
@@ -122,8 +125,7 @@ def test_run_mode_renders_every_view_and_exports(page, tmp_path):
     pg.screenshot(path=str(SHOTS / "run-output.png"), full_page=True)
     assert pg.locator("#af-compare .af-col").count() == 4  # fused, fixed span 2, each model alone
     assert "fixed span 2" in pg.locator("#af-compare").inner_text()
-    for tab, elem in (("Confidence margins", "#af-margins"), ("Candidate pool", "#af-pool"),
-                      ("Words per round", "#af-wpr")):
+    for tab, elem in (("Margins", "#af-margins"), ("Pool", "#af-pool"), ("Words/round", "#af-wpr")):
         open_tab(pg, tab)
         pg.locator(f"{elem} svg.main-svg").first.wait_for()
         assert pg.locator(f"{elem} .scatterlayer .trace, {elem} .barlayer .trace").count() > 0
@@ -164,9 +166,33 @@ def test_step_mode_with_an_override(page):
     pg.locator("#af-step").click()
     wait_status(pg, "your override", 200)
     assert pg.locator('#af-fused .af-span[style*="e3d2fb"]').count() >= 1
+    pg.locator("#af-tau input[type=number]").fill("0.3")  # a slider moved mid-decode steers the next rounds
+    pg.locator("#af-tau input[type=number]").press("Tab")
+    time.sleep(1)
     pg.locator("#af-step").click()
-    wait_status(pg, "committed round 1", 200)
+    text = wait_status(pg, "committed round 1", 200)
+    assert "τΔ 0.7 → 0.3 from round 2" in text, text
+    assert pg.locator('#af-fused .af-span[style*="e3d2fb"]').count() >= 1  # the override is still there
+    prompt = pg.locator("#af-prompt textarea")
+    prompt.fill(prompt.input_value() + " Answer in French.")
+    pg.locator("#af-step").click()
+    text = wait_status(pg, "You changed the prompt", 60)
+    assert "2 round(s)" in text and pg.locator('#af-fused .af-span[style*="e3d2fb"]').count() >= 1  # nothing lost
+    pg.screenshot(path=str(SHOTS / "step-confirm.png"), full_page=True)
+    pg.locator("#af-step").click()  # the second press confirms
+    wait_status(pg, "started; round 0 decided", 200)
     pg.screenshot(path=str(SHOTS / "step-override.png"), full_page=True)
+
+
+def test_step_is_refused_while_a_run_decodes(page):
+    pg = page
+    fresh(pg, "Chat · tea tips", "cup of tea")
+    pg.locator("#af-run").click()
+    wait_status(pg, "round 1", 200)
+    pg.locator("#af-step").click()
+    wait_status(pg, "Step is not available while", 30)
+    pg.locator("#af-cancel").click()
+    wait_status(pg, "cancelled", 60)
 
 
 def test_cancel_stops_a_running_decode_between_rounds(page):
@@ -178,6 +204,7 @@ def test_cancel_stops_a_running_decode_between_rounds(page):
     wait_status(pg, "cancelled", 60)
     spans = pg.locator("#af-fused .af-out .af-span").count()
     time.sleep(3)
+    assert "cancelled" in status(pg)
     assert pg.locator("#af-fused .af-out .af-span").count() == spans  # nothing more arrives
     assert "cancelled" in pg.locator("#af-fused").inner_text()
 
@@ -190,6 +217,121 @@ def test_empty_prompt_shows_an_error(page):
     text = wait_status(pg, "Error", 60)
     assert "prompt is empty" in text
     pg.screenshot(path=str(SHOTS / "empty-prompt.png"), full_page=True)
+
+
+def test_decision_tree_branches_and_token_view(page):
+    """Clicking a candidate that was not chosen branches a new decode from there, shown beside the original; the
+    token view shows how each model tokenized a candidate."""
+    pg = page
+    fresh(pg, "Chat · three colours", "primary colors")
+    pg.get_by_label("Also run each model alone (greedy)").uncheck()
+    pg.locator("#af-run").click()
+    wait_status(pg, "✓ done")
+    open_tab(pg, "Tree")
+    nodes = pg.locator("#af-tree button[data-node]")
+    assert nodes.count() > 0, "no round had a candidate that was not chosen"
+    r, c = nodes.first.get_attribute("data-node").split(":")
+    nodes.first.click()
+    text = wait_status(pg, f"✓ branch at round {r}", 300)
+    assert "words" in text
+    assert pg.locator("#af-tree .af-branch-point").count() == 1
+    pg.screenshot(path=str(SHOTS / "tree-branch.png"), full_page=True)
+    open_tab(pg, "Fused vs alone")
+    cols = pg.locator("#af-compare .af-col").all_inner_texts()
+    assert len(cols) == 2 and cols[1].startswith(f"branch at round {r}"), cols  # side by side
+    open_tab(pg, "Tokens")
+    pg.locator("#af-tok-round input").fill(r)
+    pg.locator("#af-tok-cand input").fill(c)
+    pg.locator("#af-tok-show").click()
+    pg.locator("#af-tokens table").first.wait_for()
+    view = pg.locator("#af-tokens").inner_text()
+    assert "smollm2-135m-instruct" in view and "gemma3-270m" in view and "Δ" in view, view[:500]
+    pg.screenshot(path=str(SHOTS / "token-view.png"), full_page=True)
+    pg.get_by_label("Also run each model alone (greedy)").check()
+
+
+AXE = ROOT / ".npm" / "node_modules" / "axe-core" / "axe.min.js"
+AUDIT = """async () => {
+  const r = await axe.run(document, {runOnly: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']});
+  return r.violations.filter(v => v.impact === 'serious' || v.impact === 'critical')
+    .map(v => v.id + ' (' + v.impact + '): ' + v.nodes.map(n => n.target.join(' ')).slice(0, 5).join(' | '));
+}"""
+
+
+def test_keyboard_run_and_accessibility_audit(page):
+    """Ctrl+Enter runs; Tab reaches each round's details; axe-core finds no serious or critical violation on the
+    page with every view filled."""
+    pg = page
+    fresh(pg, "QA · author of Hamlet", "Hamlet")
+    pg.locator("#af-prompt textarea").press("Control+Enter")
+    wait_status(pg, "✓ done")
+    span = pg.locator("#af-fused .af-span").first
+    span.focus()
+    tip = pg.evaluate("() => document.activeElement.dataset.tip || ''")
+    assert tip.startswith("round 0"), tip
+    described = pg.evaluate("() => document.getElementById(document.activeElement.getAttribute('aria-describedby'))"
+                            ".textContent")
+    assert described == tip
+    assert pg.locator("#af-fused .af-legend").inner_text().count("overridden") == 0  # only kinds present
+    pg.screenshot(path=str(SHOTS / "keyboard-focus.png"))
+    assert AXE.exists(), "axe-core is missing: ./dev test installs it (npm)"
+    end = time.time() + 30  # earlier tests' notifications (Gradio's toasts) close on their own
+    while pg.locator(".toast-body").count() and time.time() < end:
+        time.sleep(0.5)
+    for tab in ("Fused vs alone", "Pool", "Rounds & cost"):
+        open_tab(pg, tab)
+        pg.add_script_tag(path=str(AXE))
+        found = pg.evaluate(AUDIT)
+        assert found == [], found
+
+
+def test_model_list_errors_are_explained(page):
+    pg = page
+    fresh(pg, "QA · author of Hamlet", "Hamlet")
+    box = pg.locator("#af-models input")
+    for name in ("meta-llama/Llama-3.1-8B-Instruct", "mistralai/Mistral-7B-Instruct-v0.3", "Qwen/Qwen3-8B"):
+        box.fill(name)
+        box.press("Enter")
+    pg.keyboard.press("Escape")
+    pg.locator("#af-run").click()
+    text = wait_status(pg, "Error", 60)
+    assert "pick 2 to 4 base models (you picked 5)" in text, text
+    for _ in range(3):  # back to the bundled pair
+        pg.locator("#af-models .token .token-remove").last.click()
+        time.sleep(0.3)
+    assert pg.locator("#af-models .token").count() == 2
+
+
+def test_narrow_screen_puts_the_prompt_first_and_nothing_overflows(page, tmp_path):
+    from adafuse.trace import Candidate, ModelStep, Round, Trace
+    long = "🙂" * 120 + " https://example.org/" + "a" * 300 + " " + "巴黎是法国的首都" * 30
+    cand = Candidate(text=long, eos=True, proposers=["m1"], nll={}, n_tokens={}, fused=None, words=3)
+    trace = Trace(prompt="p", models=["m1", "m2"], settings={}, prompt_modes={"m1": "raw", "m2": "raw"},
+                  rounds=[Round(index=0, steps=[ModelStep(model="m1", mode="commit", margins=[0.9], proposals=[0]),
+                                                ModelStep(model="m2", mode="commit", margins=[0.8], proposals=[0])],
+                                candidates=[cand], chosen=0, winner=0, text=long, words=3, seconds=0.1)],
+                  output=long, stop_reason="eos")
+    path = trace.save(tmp_path / "long.json")
+    narrow = pg = page.context.browser.new_page(viewport={"width": 420, "height": 900})
+    try:
+        pg.set_default_timeout(60_000)
+        pg.goto(page.url)
+        pg.get_by_text("AdaFuse Explorer").first.wait_for()
+        assert pg.locator("#af-prompt").bounding_box()["y"] < pg.locator("#af-settings").bounding_box()["y"]
+        open_tab(pg, "Export / load trace")
+        pg.locator("#af-upload input[type=file]").set_input_files(str(path))
+        wait_status(pg, "loaded a trace", 60)
+        assert pg.locator("#af-cancel").is_disabled()  # a loaded trace: nothing to cancel
+        open_tab(pg, "Fused vs alone")
+        for sel in ("#af-fused .af-out", "#af-compare .af-col"):
+            box = pg.locator(sel).first
+            box.wait_for()
+            wide = box.evaluate("e => [e.scrollWidth, e.clientWidth]")
+            assert wide[0] <= wide[1] + 1, (sel, wide)
+        assert pg.evaluate("() => document.documentElement.scrollWidth") <= 421
+        pg.screenshot(path=str(SHOTS / "narrow-420.png"), full_page=True)
+    finally:
+        narrow.close()
 
 
 def test_evaluate_tab_lists_results_and_opens_a_trace(page):

@@ -127,3 +127,37 @@ def test_the_status_says_which_cap_stopped_and_who_read_a_chat_prompt_raw():
     assert "Max new tokens" in note and "b has no chat template" in note and "a has" not in note
     t.settings, t.stop_reason = {"mode": "raw"}, "max_new_words"
     assert stop_note(t) == "stop: reached Max new words"
+
+
+def test_the_same_model_twice_is_refused_with_a_reason():
+    with pytest.raises(ConfigError, match="picked twice"):
+        validate_models(["a", "b", "a"])
+    assert validate_models(["a@cpu", "a"]) == ["a@cpu", "a"]  # copies placed apart are different members
+
+
+def test_step_mode_keeps_its_rounds_when_settings_change(pair):
+    """Live settings apply from the next round (recorded in the trace); a new prompt, models or mode asks for a
+    confirmation (a second press) before anything is dropped."""
+    from dataclasses import replace
+
+    from adafuse import DEFAULT_PAIR, DecodeConfig
+    names, prompt = list(DEFAULT_PAIR), "Write a long story about a dragon.\nStory:"
+    cfg = DecodeConfig(max_new_words=30)
+    ex = Explorer()
+    assert ex.plan(names, cfg, prompt) == ("new", "")
+    d = ex.begin(names, cfg, prompt, resume=True)
+    for _ in range(3):
+        d.step()
+    d.propose()
+    faster = replace(cfg, tau=0.3, branches=2)
+    assert ex.plan(names, faster, prompt) == ("continue", "τΔ 0.7 → 0.3, B 3 → 2")
+    assert ex.begin(names, faster, prompt, resume=True) is d
+    assert d.trace.changes == [{"from_round": 4, "settings": {"tau": 0.3, "branches": 2}}]
+    assert len(d.trace.rounds) == 3 and d.pending is not None  # nothing thrown away
+    assert ex.plan(names, faster, prompt + " Be brief.") == ("confirm", "the prompt")
+    assert ex.plan(names, replace(faster, mode="chat"), prompt) == ("confirm", "the prompt mode")
+    assert ex.plan(names, replace(faster, mode="chat"), prompt) == ("new", "")  # pressed again: confirmed
+    assert ex.request_cancel() is False and d.done and d.trace.stop_reason == "cancelled"
+    from adafuse import Trace
+    again = Trace.from_dict(d.trace.to_dict())  # the change survives export and load
+    assert again.changes == d.trace.changes

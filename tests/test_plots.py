@@ -20,10 +20,48 @@ def trace() -> Trace:
 
 def test_margins_figure_has_one_line_per_model_and_the_tau_line():
     fig = plots.margins_figure(trace())
-    assert isinstance(fig, go.Figure) and [t.name for t in fig.data] == ["a", "b"]
-    assert list(fig.data[1].y) == [0.75, 0.2] and fig.data[1].marker.symbol == ("circle", "x")
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert isinstance(fig, go.Figure) and [t.name for t in lines] == ["a", "b"]
+    assert list(lines[1].y) == [0.75, 0.2]
+    points = {t.name: t for t in fig.data if t.mode == "markers" and t.showlegend is False}
+    assert list(points["b · commit"].y) == [0.75] and points["b · commit"].marker.symbol == "circle"
+    assert list(points["b · explore"].y) == [0.2] and points["b · explore"].marker.symbol == "x"
     assert fig.layout.xaxis.title.text == "round" and fig.layout.yaxis.title.text == "Δ"
     assert any(s.y0 == 0.7 for s in fig.layout.shapes)
+
+
+def test_margins_legend_shows_each_kind_with_the_symbol_its_points_use():
+    fig = plots.margins_figure(trace())
+    shown = [t for t in fig.data if t.showlegend is not False]
+    keys = {t.name: t.marker.symbol for t in shown if "markers" in t.mode}
+    assert keys == {"commit": "circle", "explore": "x"}
+    for t in fig.data:  # one symbol per trace: a legend key cannot show a different one than the points
+        if "markers" in t.mode:
+            assert isinstance(t.marker.symbol, str)
+            kind = t.name.split(" · ")[-1]
+            assert t.marker.symbol == keys[kind]
+    assert "✕" not in fig.layout.title.text and "●" not in fig.layout.title.text
+
+
+def test_pool_hover_names_models_in_full_and_labels_the_end_readably():
+    t = trace()
+    long = "gemma3-270m-it-a-long-model-name"
+    t.models[1] = long
+    for r in t.rounds:
+        r.steps[1].model = long
+        for c in r.candidates:
+            for f in (c.nll, c.n_tokens):
+                if "b" in f:
+                    f[long] = f.pop("b")
+    t.rounds[1].candidates.append(Candidate("", True, ["a"], {"a": 1.0, long: 1.5}, {"a": 1, long: 1}, 1.25, 0))
+    fig = plots.pool_figure(t, 1)
+    assert fig.layout.hoverlabel.namelength == -1
+    bars = next(d for d in fig.data if d.name == f"NLL {long}")
+    assert bars.hovertemplate.endswith("<extra></extra>")  # no cut trace-name box beside the hover
+    assert all(long in h for h in bars.hovertext)
+    assert list(fig.data[0].x)[3] == "3: ⏎ end"  # an empty end candidate reads "⏎ end", not a bare symbol
+    assert fig.layout.xaxis.tickfont.size >= 12
+    assert "∎" not in "".join(fig.data[0].x)
 
 
 def test_pool_figure_bars_per_model_fused_markers_and_winner():
@@ -42,6 +80,17 @@ def test_pool_figure_bars_per_model_fused_markers_and_winner():
 def test_words_per_round_shares():
     fig = plots.words_per_round_figure(trace())
     assert list(fig.data[0].x) == ["1", "2", "3"] and list(fig.data[0].y) == [50.0, 50.0, 0.0]
+    assert fig.layout.title.text == "Words per round (2 rounds)"
+
+
+def test_words_per_round_title_counts_every_round_and_says_which_added_no_words():
+    t = trace()
+    end = Round(2, [ModelStep("a", "commit", [0.9], [0]), ModelStep("b", "commit", [0.8], [0])],
+                [Candidate("", True, ["a", "b"], {}, {}, None, 0)], 0, 0, "", 0, 0.1, stop="eos")
+    t.rounds.append(end)
+    fig = plots.words_per_round_figure(t)
+    assert f"({len(t.rounds)} rounds; 1 added no words" in fig.layout.title.text  # as the app's status counts
+    assert list(fig.data[0].y) == [50.0, 50.0, 0.0]  # shares still over the rounds that wrote words
 
 
 def test_empty_views_do_not_crash():

@@ -18,8 +18,10 @@ FUSED_COLOR = "#111827"
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
+    # hover labels name traces in full (plotly cuts a trace's name at 15 characters by default)
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white", height=360,
-                      margin=dict(l=50, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.25))
+                      margin=dict(l=50, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.25),
+                      hoverlabel=dict(namelength=-1))
     return fig
 
 
@@ -32,32 +34,53 @@ def empty_figure(title: str, message: str = "Run or step a decode to fill this v
     return fig
 
 
+def margin_marker(mode: str) -> tuple[str, str]:
+    """(legend name, plotly symbol) of a model's mode in the margins figure: ● commit, ✕ explore, ◆ other."""
+    if mode in ("commit", "greedy", "span"):
+        return "commit", "circle"
+    if mode in ("explore", "beam"):
+        return "explore", "x"
+    return mode, "diamond"
+
+
 def margins_figure(trace: Trace | None) -> go.Figure:
-    """Δ per model per round (at the round's first word start), the τ line, commit/explore markers."""
+    """Δ per model per round (at the round's first word start), the τ line, commit/explore markers. Each model is a
+    line plus one marker trace per kind (so every legend key shows the symbol its points use) and the legend has one
+    neutral key per kind."""
     title = "Confidence margins Δ = p(top1) − p(top2)"
     if not trace or not trace.rounds:
         return empty_figure(title)
     fig = go.Figure()
+    kinds: dict[str, str] = {}
     for k, model in enumerate(trace.models):
-        xs, ys, symbols, text = [], [], [], []
+        color = MODEL_COLORS[k % 4]
+        points: list[tuple[int, float, str, str]] = []
         for r in trace.rounds:
             s = next(s for s in r.steps if s.model == model)
-            if not s.margins:
-                continue
-            xs.append(r.index)
-            ys.append(s.margins[0])
-            symbols.append("circle" if s.mode in ("commit", "greedy", "span") else "x")
-            text.append(f"round {r.index} · {s.mode} · Δ={s.margins[0]:.3f}<br>margins: "
-                        + ", ".join(f"{m:.2f}" for m in s.margins))
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=model, hovertext=text, hoverinfo="text",
-                                 line=dict(color=MODEL_COLORS[k % 4], width=1.5),
-                                 marker=dict(symbol=symbols, size=9, color=MODEL_COLORS[k % 4])))
+            if s.margins:
+                points.append((r.index, s.margins[0], s.mode, f"{model}<br>round {r.index} · {s.mode} · "
+                               f"Δ={s.margins[0]:.3f}<br>margins: " + ", ".join(f"{m:.2f}" for m in s.margins)))
+        fig.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines", name=model,
+                                 legendgroup=model, hoverinfo="skip", line=dict(color=color, width=1.5)))
+        by_kind: dict[tuple[str, str], list[tuple[int, float, str, str]]] = {}
+        for p in points:
+            by_kind.setdefault(margin_marker(p[2]), []).append(p)
+        for (kind, symbol), pts in by_kind.items():
+            kinds[kind] = symbol
+            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="markers",
+                                     name=f"{model} · {kind}", legendgroup=model, showlegend=False,
+                                     hovertext=[p[3] for p in pts], hovertemplate="%{hovertext}<extra></extra>",
+                                     marker=dict(symbol=symbol, size=9, color=color)))
+    for kind, symbol in sorted(kinds.items(), key=lambda ks: (ks[0] != "commit", ks[0] != "explore", ks[0])):
+        # legend keys only: no points, the kind's symbol in a neutral colour
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=kind, legendgroup=f"kind {kind}",
+                                 hoverinfo="skip", marker=dict(symbol=symbol, size=9, color="#6b7280")))
     tau = trace.settings.get("tau")
     if tau is not None:
         fig.add_hline(y=tau, line=dict(color="#6b7280", dash="dash"), annotation_text=f"τΔ = {tau}",
                       annotation_position="top left")
     fig.update_yaxes(range=[-0.02, 1.05])
-    return _layout(fig, title + "  (● commit, ✕ explore)", "round", "Δ")
+    return _layout(fig, title, "round", "Δ")
 
 
 def pool_figure(trace: Trace | None, index: int | None = None, pending: Round | None = None) -> go.Figure:
@@ -73,9 +96,11 @@ def pool_figure(trace: Trace | None, index: int | None = None, pending: Round | 
     for k, model in enumerate(models):
         fig.add_trace(go.Bar(x=labels, y=[c.nll.get(model) for c in r.candidates], name=f"NLL {model}",
                              marker_color=MODEL_COLORS[k % 4], opacity=0.75,
-                             hovertext=[_hover(c, model) for c in r.candidates]))
+                             hovertext=[_hover(c, model) for c in r.candidates],
+                             hovertemplate="%{x}<br>NLL %{y:.3f} · %{hovertext}<extra></extra>"))
     fused = [c.fused for c in r.candidates]
     fig.add_trace(go.Scatter(x=labels, y=fused, mode="markers", name="fused (mean)",
+                             hovertemplate="%{x}<br>fused NLL %{y:.3f} (mean over models)<extra></extra>",
                              marker=dict(symbol="diamond", size=13, color=FUSED_COLOR)))
     win = labels[r.winner]
     fig.add_annotation(x=win, y=max([v for v in fused if v is not None] or [0]) * 1.08 + 0.05,
@@ -87,6 +112,7 @@ def pool_figure(trace: Trace | None, index: int | None = None, pending: Round | 
     state = "pending — pick a candidate below or Step to accept" if pending is not None else r.kind
     if all(v is None for v in fused):
         fig.add_annotation(text="one candidate only: nothing to score", showarrow=False, yref="paper", y=0.5)
+    fig.update_xaxes(tickfont=dict(size=13))  # "⏎ end" at the size of every other label
     return _layout(fig, f"{title}: round {r.index} ({state})", "candidate (proposers in hover)", "NLL (lower is better)")
 
 
@@ -109,11 +135,21 @@ def words_per_round_figure(trace: Trace | None) -> go.Figure:
     words = [r.words for r in trace.rounds]
     top = max([trace.settings.get("max_words", 3), *words])
     shares = word_shares(words, top)
-    xs, total = list(range(1, top + 1)), sum(1 for w in words if w > 0)
+    xs = list(range(1, top + 1))
     fig = go.Figure(go.Bar(x=[str(x) for x in xs], y=shares, text=[f"{s:.1f}%" for s in shares],
                            textposition="outside", marker_color="#0f766e"))
     fig.update_yaxes(range=[0, 110])
-    return _layout(fig, f"{title} ({total} rounds)", "words committed in the round", "% of rounds")
+    return _layout(fig, f"{title} ({rounds_note(words)})", "words committed in the round", "% of rounds")
+
+
+def rounds_note(words: list[int]) -> str:
+    """"17 rounds" (every round, as len(trace.rounds) counts them), plus how many added no words (a final round that
+    only ended the answer, or one a stop string cut away): the shares leave those out."""
+    empty = sum(1 for w in words if w <= 0)
+    note = f"{len(words)} round{'s' if len(words) != 1 else ''}"
+    if empty:
+        note += f"; {empty} added no words, left out of the shares"
+    return note
 
 
 def cost_figure(trace: Trace | None, singles: dict[str, Trace] | None = None) -> go.Figure:

@@ -1,0 +1,269 @@
+"""Counterfactual branches, the decision tree and the token view: toy LMs for exact checks, the bundled pair once."""
+from html.parser import HTMLParser
+
+import pytest
+
+from adafuse import AdaFuse, ConfigError, DecodeConfig
+from adafuse.decoder import branch_from
+from adafuse.errors import ReplayError
+from adafuse.explain import committed_before, token_view, token_view_html, tree_html
+from adafuse.trace import Candidate, ModelStep, Round, Trace
+from tests.test_decoder_toy import A_RULES, B_RULES, V, pair
+from tests.toy import toy_model
+
+ONE_WORD = DecodeConfig(max_words=1)  # a commits one word a round: " Paris", " is", " nice." (3 rounds, 3 pools)
+
+
+def original() -> Trace:
+    return AdaFuse(pair(), ONE_WORD).generate("Q")
+
+
+def finish(d):
+    for _ in d:
+        pass
+    return d.trace
+
+
+def pool(r: Round) -> list[tuple]:
+    return [(c.text, c.eos, c.proposers, c.nll, c.n_tokens, c.fused) for c in r.candidates]
+
+
+# ---- branches ----
+def test_branch_replays_earlier_rounds_then_commits_the_picked_candidate():
+    tr = original()
+    assert tr.output == " Paris is nice." and len(tr.rounds) == 3
+    R = 2
+    r = tr.rounds[R]
+    C = next(j for j, c in enumerate(r.candidates) if j != r.winner and c.text != r.candidates[r.winner].text)
+    d = branch_from(list(pair()), tr, R, C)
+    new = d.trace
+    assert [x.text for x in new.rounds[:R]] == [x.text for x in tr.rounds[:R]]
+    for a, b in zip(new.rounds[:R], tr.rounds[:R]):
+        assert pool(a) == pool(b) and a.chosen == b.chosen and not a.overridden
+    got = new.rounds[R]
+    assert got.overridden and got.chosen != got.winner
+    picked, want = got.candidates[got.chosen], r.candidates[C]
+    assert (picked.text, picked.eos) == (want.text, want.eos)
+    finish(d)
+    assert new.output != tr.output and new.output.startswith(committed_before(tr, R) + r.candidates[C].text)
+
+
+def test_a_branch_is_ready_to_continue_and_aFuse_branch_uses_the_trace_settings():
+    tr = original()
+    london = next(j for j, c in enumerate(tr.rounds[0].candidates) if c.text == " London")
+    d = AdaFuse(pair(), DecodeConfig(max_words=3)).branch(tr, 0, london)  # the trace's max_words=1 decides
+    assert not d.done and d.trace.settings == tr.settings
+    out = finish(d)
+    assert out.output == " London is nice." and out.stop_reason == "eos"
+    assert [x.words for x in out.rounds] == [1, 1, 1]
+
+
+def test_a_branch_keeps_the_original_overrides_and_settings_changes():
+    d = AdaFuse(pair(), ONE_WORD).start("Q")
+    london = next(j for j, c in enumerate(d.propose().candidates) if c.text == " London")
+    d.commit(london)  # the user overrode round 0
+    d.reconfigure(DecodeConfig(max_words=2))  # and let a commit two words from round 1 on
+    tr = finish(d)
+    assert tr.rounds[0].overridden and tr.changes
+    r = tr.rounds[1]
+    other = next(j for j in range(len(r.candidates)) if j != r.chosen)
+    b = branch_from(list(pair()), tr, 1, other)
+    assert b.trace.rounds[0].overridden and b.trace.rounds[0].text == " London"
+    assert b.trace.changes == tr.changes and b.config.max_words == 2
+    assert b.trace.rounds[1].candidates[b.trace.rounds[1].chosen].text == r.candidates[other].text
+
+
+def test_branch_validates_indices_and_models():
+    tr = original()
+    models = list(pair())
+    for bad in (-1, 3, True, "1"):
+        with pytest.raises(ConfigError, match=r"pick 0\.\.2"):
+            branch_from(models, tr, bad, 0)
+    n = len(tr.rounds[1].candidates)
+    for bad in (-1, n, None):
+        with pytest.raises(ConfigError, match=rf"not a candidate of round 1: pick 0\.\.{n - 1}"):
+            branch_from(models, tr, 1, bad)
+    with pytest.raises(ConfigError, match="decoded by a, b"):
+        branch_from(models[::-1], tr, 1, 0)
+    assert all(m.model.calls == 0 for m in models)  # checked before any model prefills
+
+
+def test_branch_with_other_models_says_where_the_replay_diverged():
+    tr = original()
+    b_likes_big = dict(B_RULES, **{" Paris": {" big": 0.95}})
+    with pytest.raises(ReplayError, match="diverged at round 1"):
+        branch_from([toy_model("a", V, A_RULES), toy_model("b", V, b_likes_big)], tr, 2, 1)
+
+
+# ---- the decision tree ----
+class Nodes(HTMLParser):
+    """Collects every element carrying data-node, with its tag and attributes."""
+
+    def __init__(self):
+        super().__init__()
+        self.nodes = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "data-node" in a:
+            self.nodes.append((tag, a))
+
+
+def hand_trace() -> Trace:
+    r0 = Round(0, [ModelStep("a", "commit", [0.9], [0]), ModelStep("b", "commit", [0.8], [0])],
+               [Candidate(" The <b>sky", False, ["a", "b"], {}, {}, None, 2)], 0, 0, " The <b>sky", 2, 0.2)
+    r1 = Round(1, [ModelStep("a", "commit", [0.95], [0]), ModelStep("b", "explore", [0.2], [1, 2])],
+               [Candidate(" is", False, ["a"], {"a": 0.1, "b": 0.5}, {"a": 1, "b": 1}, 0.3, 1),
+                Candidate(" was", False, ["b"], {"a": 2.0, "b": 0.4}, {"a": 1, "b": 1}, 1.2, 1),
+                Candidate("", True, ["b"], {"a": 3.0, "b": 1.0}, {"a": 1, "b": 1}, 2.0, 0)],
+               chosen=1, winner=0, text=" was", words=1, seconds=0.4, overridden=True)
+    return Trace("Q", ["a", "b"], {"tau": 0.7}, {"a": "raw", "b": "raw"}, [r0, r1], " The <b>sky was")
+
+
+def test_tree_nodes_are_buttons_except_the_chosen_path():
+    out = tree_html(hand_trace())
+    p = Nodes()
+    p.feed(out)
+    by = {a["data-node"]: (tag, a) for tag, a in p.nodes}
+    assert set(by) == {"0:0", "1:0", "1:1", "1:2"}
+    for key in ("1:0", "1:2"):
+        tag, a = by[key]
+        assert tag == "button" and a["type"] == "button" and "af-node" in a["class"]
+    for key in ("0:0", "1:1"):
+        tag, a = by[key]
+        assert tag != "button" and a["aria-current"] == "step" and "chosen" in a["aria-label"]
+        assert "af-chosen" in a["class"]
+    # details in the visible text and the aria-label, not in hover titles
+    label = by["1:0"][1]["aria-label"]
+    assert "proposed by a" in label and "a 0.100" in label and "b 0.500" in label and "fused 0.300" in label
+    assert "title=" not in out
+    assert "a 0.100 · b 0.500" in out and "fused 0.300" in out and "by a, b" in out
+
+
+def test_tree_marks_overrides_kinds_and_the_end_in_words_and_escapes():
+    out = tree_html(hand_trace())
+    assert "★ score winner" in out and "✓ chosen (your pick)" in out  # both the winner and your pick
+    assert "af-override" in out and ">override (your pick)<" in out and ">commit<" in out
+    assert "2: ⏎ end" in out and "⏎ ends the answer" in out
+    assert "&lt;b&gt;sky" in out and "<b>sky" not in out
+    assert out.count("<style>") == 1 and tree_html(hand_trace(), style=False).count("<style>") == 0
+
+
+def test_tree_marks_where_branches_leave_and_stays_scrollable_for_long_decodes():
+    main = hand_trace()
+    alt = hand_trace()
+    alt.output = "a <i>different</i> ending"
+    out = tree_html(main, {"alt <1>": (1, 2, alt), "stale": (9, 0, alt)})
+    p = Nodes()
+    p.feed(out)
+    node = dict((a["data-node"], a) for _, a in p.nodes)["1:2"]
+    assert "af-branch-point" in node["class"] and "branch alt <1>" in node["aria-label"]
+    assert "↪ branch alt &lt;1&gt;" in out and "a &lt;i&gt;different&lt;/i&gt; ending" in out
+    assert "stale" in out and "not in this trace" in out
+    r = main.rounds[1]
+    long = Trace("Q", ["a", "b"], {}, {}, [Round(i, r.steps, r.candidates, 0, 0, " x", 1, 0.0) for i in range(45)])
+    out = tree_html(long)
+    assert out.count('class="af-round"') == 45 and "overflow-x:auto" in out and 'data-node="44:2"' in out
+    assert "No rounds yet" in tree_html(None)
+
+
+# ---- the token view ----
+def test_token_view_matches_the_recorded_scores_margins_and_end_terms():
+    tr = original()
+    models = list(pair())
+    for r in tr.rounds:
+        for j, c in enumerate(r.candidates):
+            rows = token_view(models, tr, r.index, j, top_k=4)
+            assert [row["model"] for row in rows] == ["a", "b"]
+            for row, step in zip(rows, r.steps):
+                assert row["nll"] == pytest.approx(c.nll[row["model"]], abs=1e-4)
+                assert row["n_tokens"] == c.n_tokens[row["model"]] and row["nll_sum"] == pytest.approx(
+                    row["nll"] * row["n_tokens"])
+                probs = [t["prob"] for t in row["top"]]
+                assert len(probs) == 4 and probs == sorted(probs, reverse=True)
+                assert row["margin"] == pytest.approx(probs[0] - probs[1], abs=1e-6)
+                assert row["margin"] == pytest.approx(step.margins[0], abs=1e-5)
+                if c.eos:
+                    assert row["tokens"][-1]["part"] == "end"
+                    assert row["end_term"] == pytest.approx(c.end_term[row["model"]], abs=1e-5)
+                assert "".join(t["text"] for t in row["tokens"]) == c.text
+
+
+def test_token_view_shows_the_token_that_straddles_the_word_boundary():
+    vocab = V + [" Paris is"]  # " Paris" + " is" re-tokenize as one token reaching back into the committed text
+    rules = {"Q": {" Paris": 0.9}, " Paris": {" is": 0.5, " big": 0.4}, " is": {" nice": 0.9}, " nice": {"<eos>": 0.9}}
+    a, b = toy_model("a", vocab, rules), toy_model("b", vocab, rules)
+    tr = AdaFuse([a, b], DecodeConfig(max_words=1, tau=0.7)).generate("Q")
+    r = tr.rounds[1]
+    j = next(k for k, c in enumerate(r.candidates) if c.text == " is")
+    assert r.candidates[j].straddle["a"]
+    rows = token_view([a, b], tr, 1, j)
+    for row in rows:
+        assert row["straddle"] and [(t["text"], t["part"]) for t in row["tokens"]] == [(" Paris is", "straddle")]
+        assert row["nll"] == pytest.approx(r.candidates[j].nll[row["model"]], abs=1e-4)
+    assert "straddles the word boundary" in token_view_html(rows)
+
+
+def test_token_view_needs_the_traces_models_and_valid_indices():
+    tr = original()
+    a, b = pair()
+    with pytest.raises(ConfigError, match="decoded by b"):
+        token_view([a], tr, 0, 0)
+    with pytest.raises(ConfigError, match=r"pick 0\.\.2"):
+        token_view([a, b], tr, 5, 0)
+    with pytest.raises(ConfigError, match="not a candidate of round 0"):
+        token_view([a, b], tr, 0, 9)
+
+
+def test_token_view_html_has_headers_visible_whitespace_and_escapes():
+    row = {"model": "m<1>", "round": 2, "candidate": 1, "label": " <x>", "tokens": [
+        {"id": 5, "text": " <x>\n", "logprob": -0.5, "prob": 0.61, "part": "candidate"},
+        {"id": -1, "text": "", "logprob": -0.1, "prob": 0.9, "part": "end"}],
+        "straddle": False, "end_term": -0.1, "n_tokens": 2, "nll_sum": 0.6, "nll": 0.3, "recorded_nll": 0.3,
+        "recorded_n_tokens": 2, "note": "", "top": [{"id": 5, "text": " a", "prob": 0.7, "end": False,
+                                                    "in_candidate": True}],
+        "margin": 0.6, "recorded_margin": 0.6}
+    out = token_view_html([row])
+    assert '<th scope="col">token</th>' in out and "<caption>" in out and "m&lt;1&gt;" in out
+    assert "·</span>&lt;x&gt;" in out and "⏎</span>" in out and "⏎ end" in out and "<x>" not in out
+    assert "Δ = p1 − p2 = 0.6000" in out
+
+
+# ---- the bundled pair ----
+HAMLET = "Question: Who wrote Hamlet?\nAnswer:"
+
+
+@pytest.fixture(scope="module")
+def hamlet(pair):
+    cfg = DecodeConfig(stop=("\n",), max_new_words=12)
+    tr = AdaFuse(pair, cfg).generate(HAMLET)
+    R = next(r.index for r in tr.rounds if r.index > 0 and len(r.candidates) > 1)
+    return tr, R
+
+
+def test_real_pair_branch_replays_and_overrides(pair, hamlet):
+    tr, R = hamlet
+    r = tr.rounds[R]
+    C = next(j for j, c in enumerate(r.candidates) if j != r.winner)
+    d = branch_from(pair, tr, R, C)
+    new = d.trace
+    assert [(x.text, [c.text for c in x.candidates]) for x in new.rounds[:R]] == \
+        [(x.text, [c.text for c in x.candidates]) for x in tr.rounds[:R]]
+    got = new.rounds[R]
+    assert got.overridden and got.candidates[got.chosen].text == r.candidates[C].text
+    finish(d)
+    assert new.output.startswith(committed_before(tr, R) + new.rounds[R].text) and new.stop_reason
+
+
+def test_real_pair_token_view_matches_the_trace(pair, hamlet):
+    tr, R = hamlet
+    r = tr.rounds[R]
+    for j, c in enumerate(r.candidates):
+        rows = token_view(pair, tr, R, j)
+        for row in rows:
+            assert row["nll"] == pytest.approx(c.nll[row["model"]], abs=1e-4)
+            assert row["n_tokens"] == c.n_tokens[row["model"]]
+            probs = [t["prob"] for t in row["top"]]
+            assert probs == sorted(probs, reverse=True)
+            assert row["margin"] == pytest.approx(probs[0] - probs[1], abs=1e-6)
+    assert token_view_html(rows).count("<table") == 2 * len(rows)
