@@ -10,6 +10,8 @@ from .config import METHODS, DecodeConfig
 from .errors import AdafuseError
 from .loading import BUNDLED, DEFAULT_PAIR
 
+TRUST_HELP = ("let models whose Hub repository ships its own Python (e.g. internlm/internlm3-8b-instruct) run it: "
+              "only for repositories you trust, the code runs with your permissions")
 EPILOG = f"Bundled models (offline): {', '.join(BUNDLED)}. Any Hugging Face id, local folder or .gguf file also works."
 
 
@@ -34,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--span-words", type=int, default=d.span_words, help="n for --method fixed-span")
     run.add_argument("--mode", choices=("raw", "chat"), default=d.mode,
                      help="raw prompt for every model, or each model's chat template")
+    run.add_argument("--system", default=d.system, metavar="TEXT",
+                     help="chat mode: a system message before the prompt ('\\n' is a newline)")
+    run.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=d.thinking,
+                     help="chat mode: turn the template's enable_thinking switch (Qwen3) on or off; unset: the "
+                          "template's default")
     run.add_argument("--max-new-words", type=int, default=d.max_new_words, help="stop after this many words")
     run.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="stop after this many tokens")
     run.add_argument("--max-word-tokens", type=int, default=d.max_word_tokens, help="a word ends after this many tokens")
@@ -42,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", type=Path, metavar="PATH", help="write the trace as JSON here")
     run.add_argument("--device", help="cuda, cuda:1, cpu, auto ... for every model without @DEVICE "
                                       "(default: CUDA if present)")
+    run.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     workers = run.add_mutually_exclusive_group()
     workers.add_argument("--parallel", dest="parallel", action="store_true", default=None,
                          help="run the models side by side, one worker each (default when a model is on a GPU or "
@@ -54,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="evaluate methods on a benchmark task", epilog=EPILOG,
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ev.add_argument("--task", required=True, choices=list(TASKS), help="benchmark task")
-    ev.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder holding nq/, triviaqa/, squad/, gsm8k/, flores/")
+    ev.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                    help="folder holding nq/, triviaqa/, squad/, gsm8k/, flores/ ($ADAFUSE_DATA, else ../shared/data, "
+                         "else the 20-example sample in assets/data)")
     ev.add_argument("--limit", type=int, default=20, help="first N examples of the file")
     ev.add_argument("--methods", nargs="+", default=["adafuse", "greedy"], metavar="METHOD",
                     help="adafuse, beam, token-union, mixture, fixed-span-N, greedy (each model alone), greedy:MODEL; "
@@ -64,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-words", type=int, help="M for every method (default 3)")
     ev.add_argument("--branches", type=int, help="B for every method (default 3)")
     ev.add_argument("--max-new-words", type=int, help="override the task's word cap (GSM8K: 200)")
+    ev.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     ev.add_argument("--out", type=Path, default=Path("results"), help="folder for <task>.jsonl, summary.md, summary.csv")
     ev.add_argument("--on-bad-line", choices=("skip", "stop"), default="skip", help="what a bad data line does")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -73,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_eval(args) -> int:
     from .harness.evaluate import evaluate, parse_methods, write_summary
-    from .harness.tasks import TASKS
+    from .harness.tasks import TASKS, data_source
     if args.limit is not None and args.limit < 1:
         from .errors import ConfigError
         raise ConfigError(f"--limit {args.limit} is invalid: use 1 or more")
@@ -81,8 +92,9 @@ def run_eval(args) -> int:
                               ("max_new_words", args.max_new_words)) if v is not None}
     DecodeConfig(**base)  # validate before loading anything
     runs = parse_methods(args.methods, args.models)
+    print(f"data: {data_source(args.data)}", file=sys.stderr)
     out = evaluate(TASKS[args.task], runs, args.out, args.data, args.limit, base, args.on_bad_line,
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, trust_remote_code=args.trust_remote_code)
     md, csv_path = write_summary(args.out)
     print(f"\nper-example results: {out}\nsummary: {md}, {csv_path}")
     return 0
@@ -111,13 +123,14 @@ def run(args) -> int:
     cfg = DecodeConfig(tau=args.tau, max_words=args.max_words, branches=args.branches, diversity=not args.no_diversity,
                        method=args.method, span_words=args.span_words, mode=args.mode,
                        max_new_words=args.max_new_words, max_new_tokens=args.max_new_tokens,
-                       max_word_tokens=args.max_word_tokens, stop=tuple(_unescape(s) for s in args.stop))
+                       max_word_tokens=args.max_word_tokens, stop=tuple(_unescape(s) for s in args.stop),
+                       system=_unescape(args.system), thinking=args.thinking)
     if not prompt.strip():
         raise PromptError("the prompt is empty: pass --prompt TEXT or --prompt-file PATH with some text")
     models = []
     for name in args.models:
         print(f"loading {name} ...", file=sys.stderr, flush=True)
-        models.append(get_model(name, device=args.device))
+        models.append(get_model(name, device=args.device, trust_remote_code=args.trust_remote_code))
         print(f"  {models[-1].describe()}", file=sys.stderr)
     fuser = AdaFuse(models, cfg, parallel=args.parallel)
     d = fuser.start(prompt)

@@ -30,6 +30,12 @@ class DecodeConfig:
     stop: tuple[str, ...] = ()
     # "raw": the prompt text as is; "chat": each model's own chat template (raw if it has none)
     mode: str = "raw"
+    # chat mode: a system message before the user's (the user message holds it where the template has no system
+    # role); raw mode ignores it and the trace's prompt modes say so
+    system: str = ""
+    # chat mode: the template's `enable_thinking` switch (Qwen3: think first, or answer directly); None leaves the
+    # template's default, and templates without the switch ignore it
+    thinking: bool | None = None
     # "adafuse" | "beam" (= adafuse, diversity off) | "fixed-span" (every model proposes n words) | "greedy" (one
     # model) | "token-union" (UniTE-style: union of top-k next tokens by text, averaged probabilities) | "mixture"
     # (word-level ME: each word written by one model drawn at random, no scoring)
@@ -67,6 +73,10 @@ class DecodeConfig:
             raise bad("temperature", self.temperature, "use a number from 0 (greedy) to 10")
         if self.mode not in MODES:
             raise bad("mode", self.mode, f"use one of {', '.join(MODES)}")
+        if not isinstance(self.system, str):
+            raise bad("system", self.system, "use a string (empty: no system message)")
+        if self.thinking is not None and not isinstance(self.thinking, bool):
+            raise bad("thinking", self.thinking, "use True, False or None (the template's default)")
         if self.method not in METHODS:
             raise bad("method", self.method, f"use one of {', '.join(METHODS)}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)

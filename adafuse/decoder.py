@@ -268,8 +268,8 @@ class Decoding:
 def _open_view(lm: LoadedModel, prompt: str, config: DecodeConfig) -> ModelView:
     """The model's view of this decode: a served model's requests, or a local model's KV cache."""
     if isinstance(lm, RemoteModel):
-        return lm.view(prompt, config.mode, config.stop)
-    return LocalSession(lm, prompt, config.mode, config.stop)
+        return lm.view(prompt, config.mode, config.stop, config.system, config.thinking)
+    return LocalSession(lm, prompt, config.mode, config.stop, config.system, config.thinking)
 
 
 def _fuse(c: Candidate) -> float | None:

@@ -331,8 +331,9 @@ def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | 
     elif _HF_ID.match(name) and "/" in name:
         source = f"huggingface:{name}"
         try:  # the local Hugging Face cache first: no network, no retries
-            model, tokenizer, meta = _load_folder(name, device, dtype, trust_remote_code, local_only=True)
-        except OSError:
+            model, tokenizer, meta = _wrap_load(name, lambda: _load_folder(name, device, dtype, trust_remote_code,
+                                                                           local_only=True))
+        except ModelNotFoundError:
             if not _hub_reachable():
                 raise ModelNotFoundError(f"{name!r} is not in the local Hugging Face cache and the Hub cannot be "
                                          "reached: connect to the internet, or use a bundled model or a local folder")
@@ -351,12 +352,42 @@ def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | 
 def _wrap_load(name: str, fn):
     try:
         return fn()
-    except OSError as exc:
-        raise ModelNotFoundError(f"could not find model {name!r} ({str(exc).splitlines()[0]}). Check the id or path; "
-                                 "without internet, only models already in the Hugging Face cache load") from exc
-    except (ValueError, KeyError, ImportError) as exc:
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        typed = _access_error(name, exc)
+        if typed is not None:
+            raise typed from exc
+        if isinstance(exc, OSError):
+            raise ModelNotFoundError(f"could not find model {name!r} ({str(exc).splitlines()[0]}). Check the id or "
+                                     "path; without internet, only models already in the Hugging Face cache "
+                                     "load") from exc
         raise ModelLoadError(f"{name!r} could not be loaded as a causal language model: "
                              f"{str(exc).splitlines()[0]}") from exc
+
+
+_GATED = re.compile(r"\bgated\b|is restricted|restricted access", re.IGNORECASE)
+
+
+def _access_error(name: str, exc: BaseException) -> ModelLoadError | None:
+    """The typed error for a model this machine may not load yet: a gated Hub repository (huggingface_hub's
+    GatedRepoError or a 401/403 about restricted access, also wrapped by transformers in an OSError), or a repository
+    whose own Python must run (transformers' ValueError asking for trust_remote_code). None for anything else."""
+    from huggingface_hub.errors import GatedRepoError
+    chain, e = [], exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    text = "\n".join(str(e) for e in chain)
+    if any(isinstance(e, GatedRepoError) for e in chain) or _GATED.search(text):
+        return ModelLoadError(f"{name!r} is a gated model: accept its license on https://huggingface.co/{name} "
+                              "(signed in), then give this machine a token of that account: set HF_TOKEN in the "
+                              "environment (a secret on a Space) or run `hf auth login`")
+    if any(isinstance(e, ValueError) and "trust_remote_code" in str(e) for e in chain):
+        where = name if Path(name).expanduser().exists() else f"https://huggingface.co/{name}"
+        return ModelLoadError(f"{name!r} needs remote code: its repository ships Python that transformers must run to "
+                              "load it. Allow it only if you trust that code, which runs with your permissions (read "
+                              f"it at {where}): get_model(..., trust_remote_code=True), --trust-remote-code on the "
+                              "command line, or the \"Trust remote code\" switch in the app")
+    return None
 
 
 _DEVICE = re.compile(r"^(cpu|auto|mps|cuda(:\d+)?)$")

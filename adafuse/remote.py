@@ -128,8 +128,9 @@ class RemoteModel(LoadedModel):
     def info(self) -> dict:
         return {**super().info(), "dtype": "served", "memory_mib": 0.0}
 
-    def view(self, prompt: str, mode: str, stop: tuple[str, ...]) -> "RemoteSession":
-        return RemoteSession(self, prompt, mode, stop)
+    def view(self, prompt: str, mode: str, stop: tuple[str, ...], system: str = "",
+             thinking: bool | None = None) -> "RemoteSession":
+        return RemoteSession(self, prompt, mode, stop, system, thinking)
 
 
 def load_remote(spec: str) -> RemoteModel:
@@ -209,8 +210,9 @@ class RemoteSession(TokenizedView):
     """A served model's view: the committed ids here, every distribution asked of the server (see the module doc).
     `next_logprobs` and `end_logprobs` hold the server's top-k (the rest -inf)."""
 
-    def __init__(self, lm: RemoteModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = ()):
-        super().__init__(lm, prompt, mode, stop)
+    def __init__(self, lm: RemoteModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
+                 thinking: bool | None = None):
+        super().__init__(lm, prompt, mode, stop, system, thinking)
         self.cached = 0  # prompt tokens the server reported from its prefix cache
         self.spec: list[int] = []
         self.ahead: dict[tuple[int, ...], torch.Tensor] = {}  # distributions along greedy continuations fetched

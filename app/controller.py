@@ -100,10 +100,14 @@ class Explorer:
     running: bool = False              # a Run is in flight (Step is refused, Cancel asks it to stop)
     cancel_requested: bool = False     # Cancel pressed: the run stops after the round (or single decode) under way
     confirm_key: tuple | None = None   # a change that would discard the decode in progress, awaiting a second press
+    trust_remote_code: bool = False    # the page's "Trust remote code" switch: models whose repo ships Python may run it
 
     @property
     def pending(self):
         return self.decoding.pending if self.decoding is not None and not self.decoding.done else None
+
+    def _get(self, name: str):
+        return get_model(name, trust_remote_code=self.trust_remote_code)
 
     def plan(self, names, cfg: DecodeConfig, prompt: str, device: str | None = None) -> tuple[str, str]:
         """What a Run or Step would do with these inputs: ("continue", changed live settings), ("new", ""), or
@@ -137,7 +141,7 @@ class Explorer:
     def load(self, names, device: str | None = None) -> str:
         lines = []
         for n in model_specs(names, device):
-            lm = get_model(n)
+            lm = self._get(n)
             lines.append(f"✓ {lm.describe()}")
         return "\n".join(lines)
 
@@ -155,7 +159,7 @@ class Explorer:
                 return d
             except ConfigError:
                 pass  # a setting that needs a new decode
-        models = [get_model(n) for n in names]
+        models = [self._get(n) for n in names]
         self.decoding = AdaFuse(models, cfg).start(prompt)
         self.trace, self.singles, self.others, self.key, self.confirm_key = self.decoding.trace, {}, {}, key, None
         self.branches = {}
@@ -171,7 +175,7 @@ class Explorer:
         return d.trace
 
     def run_others(self, names, cfg: DecodeConfig, prompt: str, labels, device: str | None = None):
-        models = [get_model(n) for n in model_specs(names, device)]
+        models = [self._get(n) for n in model_specs(names, device)]
         for label in labels or []:
             trace = self._finish(AdaFuse(models, replace(cfg, **COMPARE_METHODS[label])).start(prompt))
             if trace is None:
@@ -181,7 +185,7 @@ class Explorer:
 
     def run_singles(self, names, cfg: DecodeConfig, prompt: str, device: str | None = None):
         for n in model_specs(names, device):
-            lm = get_model(n)
+            lm = self._get(n)
             label = lm.name if lm.name not in self.singles else n  # the model's name; its spec when it repeats
             trace = self._finish(AdaFuse([lm], replace(cfg, method="greedy")).start(prompt))
             if trace is None:
@@ -196,7 +200,7 @@ class Explorer:
             raise ConfigError("nothing to look into yet: Run or Step a decode, or load a trace")
         names = list(self.key[0]) if self.key and self.decoding is not None and self.decoding.trace is t \
             else list(t.models)
-        return [get_model(n) for n in names]
+        return [self._get(n) for n in names]
 
     def branch(self, round_index, candidate):
         """A counterfactual decode of the trace on view: the same rounds up to `round_index`, then `candidate` of
@@ -238,7 +242,8 @@ class Explorer:
             raise ConfigError("pick at least one method to evaluate")
         runs = parse_methods(list(methods), model_specs(names, device))
         out = Path(tempfile.mkdtemp(prefix="adafuse-eval-"))
-        evaluate(TASKS[task_name], runs, out, limit=int(limit), base=base, progress=True)
+        evaluate(TASKS[task_name], runs, out, limit=int(limit), base=base, progress=True,
+                 trust_remote_code=self.trust_remote_code)
         self.eval_rows = load_results(out)
         return self.eval_rows
 

@@ -7,9 +7,11 @@ import gradio as gr
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
 from adafuse.explain import token_view_html, tree_html
+from adafuse.harness.tasks import TASKS, data_source
 from adafuse.report import candidate_label
 
-from . import plots
+from . import api, plots
+from .gpu import gpu
 from .controller import (COMPARE_METHODS, EVAL_METHODS, Explorer, device_choices, disagreements, friendly,
                          load_examples, loaded_frame, parse_stops, stop_note, unload)
 
@@ -88,10 +90,14 @@ confidence margin Δ (top-1 minus top-2 probability): confident models **commit*
 average wins. Hover a span (or Tab to it) to see its round. **Ctrl+Enter** runs, **Ctrl+Shift+Enter** steps."""
 
 
-def _settings(tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop) -> DecodeConfig:
+THINKING = {"template default": None, "on": True, "off": False}
+
+
+def _settings(tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop, system,
+              thinking) -> DecodeConfig:
     return DecodeConfig(tau=float(tau), max_words=int(max_words), branches=int(branches), diversity=bool(diversity),
                         max_new_words=int(max_new_words), max_new_tokens=int(max_new_tokens), mode=mode,
-                        stop=parse_stops(stop))
+                        stop=parse_stops(stop), system=(system or "").strip(), thinking=THINKING[thinking])
 
 
 def _choices(pending) -> list[tuple[str, int]]:
@@ -195,6 +201,12 @@ def build_demo() -> gr.Blocks:
                                    label="Max new tokens (each model's tokenizer; the larger count binds)")
         mode = gr.Radio(["raw", "chat"], value="raw", label="Prompt mode", render=False)
         stop = gr.Textbox(value="", lines=2, label="Stop strings (one per line, \\n for newline)", render=False)
+        system = gr.Textbox(value="", lines=2, label="System prompt (chat mode)", render=False, elem_id="af-system",
+                            info="Put first as a system message where the chat template has that role, else at the "
+                                 "start of the user message; raw mode ignores it (the trace says so).")
+        thinking = gr.Radio(list(THINKING), value="template default", render=False, elem_id="af-thinking",
+                            label="Thinking (chat templates with a switch, e.g. Qwen3)",
+                            info="Models whose template has no switch ignore it; the trace notes which.")
         with gr.Row():
             with gr.Column(scale=2, min_width=320, elem_id="af-main"):  # first: on a phone the prompt comes first
                 prompt = gr.Textbox(lines=5, label="Prompt", elem_id="af-prompt",
@@ -257,8 +269,13 @@ def build_demo() -> gr.Blocks:
                 load_btn = gr.Button("Load models", size="sm")
                 load_status = gr.Markdown("Bundled pair preselected; models load on first use.",
                                           elem_id="af-load-status")
+                trust = gr.Checkbox(False, label="Trust remote code (runs the Python a model's repository ships: "
+                                                 "only for repositories you trust)", elem_id="af-trust")
                 for c in (tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop):
                     c.render()
+                with gr.Accordion("Chat mode: system prompt and thinking", open=False):
+                    system.render()
+                    thinking.render()
                 compare = gr.Checkbox(True, label="Also run each model alone (greedy)")
                 others = gr.CheckboxGroup(list(COMPARE_METHODS), value=[], label="Also decode with (side by side)")
                 with gr.Accordion("Loaded models", open=True):
@@ -271,9 +288,8 @@ def build_demo() -> gr.Blocks:
         with gr.Tabs():  # work on many prompts, and traces kept as files: full width below
             with gr.Tab("Evaluate", id="eval"):
                 gr.Markdown("Run a small batch of a benchmark task with several methods, then open any "
-                            "example's trace in the views above.")
+                            f"example's trace in the views above. Data: {data_source()}.")
                 with gr.Row():
-                    from adafuse.harness.tasks import TASKS
                     eval_task = gr.Dropdown(list(TASKS), value="triviaqa", label="Task")
                     eval_n = gr.Slider(1, 20, value=3, step=1, label="Examples")
                     eval_methods = gr.CheckboxGroup(list(EVAL_METHODS), value=["adafuse", "greedy"],
@@ -296,13 +312,15 @@ def build_demo() -> gr.Blocks:
         outputs = [fused, compare_view, margins_plot, pool_plot, wpr_plot, rounds_df, cost_df, cost_plot, round_sel,
                    choice, status, download, loaded_df, unload_pick, cancel_btn, tree_view]
         assert outputs[STATUS_AT] is status
-        settings = [tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop]
+        settings = [tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop, system, thinking]
+        api.register()  # /decode and /models for gradio_client
 
         # ---- wiring ----
-        def on_load(names, dev, progress=gr.Progress()):
+        @gpu
+        def on_load(names, dev, allow, progress=gr.Progress()):
             try:
                 progress(0, desc="loading models (the first load of a GGUF converts it: a minute or two)")
-                return Explorer().load(names, dev)
+                return Explorer(trust_remote_code=bool(allow)).load(names, dev)
             except Exception as exc:  # noqa: BLE001 - shown to the user, app keeps serving
                 return f"⚠️ {friendly(exc)}"
 
@@ -313,8 +331,10 @@ def build_demo() -> gr.Blocks:
                 msg = f"⚠️ {friendly(exc)}"
             return (msg, *loaded_views())
 
-        def on_run(ex, names, dev, prompt_text, want_singles, other_methods, *s):
+        @gpu
+        def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, *s):
             ex = ex or Explorer()
+            ex.trust_remote_code = bool(allow)
             if ex.running:
                 yield (ex, *only_status("A Run is already decoding in this session: wait, or press ■ Cancel."))
                 return
@@ -352,8 +372,10 @@ def build_demo() -> gr.Blocks:
             finally:  # also when Reset closes this run
                 ex.running = False
 
-        def on_step(ex, names, dev, prompt_text, picked, *s):
+        @gpu
+        def on_step(ex, names, dev, allow, prompt_text, picked, *s):
             ex = ex or Explorer()
+            ex.trust_remote_code = bool(allow)
             if ex.running:
                 return (ex, *only_status("Step is not available while ▶ Run is decoding: wait for it to end, or "
                                          "press ■ Cancel first."))
@@ -388,6 +410,7 @@ def build_demo() -> gr.Blocks:
                 return (ex, *only_status())
             return (ex, *render(ex, "■ cancelled between rounds" if ex.trace else "nothing is running"))
 
+        @gpu
         def on_branch(ex, r_idx, c_idx):
             ex = ex or Explorer()
             if ex.running:
@@ -409,6 +432,7 @@ def build_demo() -> gr.Blocks:
             finally:
                 ex.running = False
 
+        @gpu
         def on_tokens(ex, r_idx, c_idx):
             ex = ex or Explorer()
             try:
@@ -438,10 +462,13 @@ def build_demo() -> gr.Blocks:
             except Exception as exc:  # noqa: BLE001
                 return (ex, *_error(ex, exc))
 
-        def on_eval(ex, task_name, n, methods, names, dev, tau_v, m_v, b_v, progress=gr.Progress(track_tqdm=True)):
+        @gpu(duration=600)
+        def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v,
+                    progress=gr.Progress(track_tqdm=True)):
             import pandas as pd
             from adafuse.harness.evaluate import summarize
             ex = ex or Explorer()
+            ex.trust_remote_code = bool(allow)
             try:
                 rows = ex.evaluate(task_name, n, methods, names,
                                    {"tau": float(tau_v), "max_words": int(m_v), "branches": int(b_v)}, dev)
@@ -468,17 +495,20 @@ def build_demo() -> gr.Blocks:
         refresh = [loaded_df, unload_pick]
         demo.load(loaded_views, None, refresh, show_progress="hidden")
         demo.load(None, None, None, js=SHORTCUTS)
-        load_btn.click(on_load, [models, device], [load_status]).then(loaded_views, None, refresh,
+        load_btn.click(on_load, [models, device, trust], [load_status]).then(loaded_views, None, refresh,
                                                                       show_progress="hidden")
         unload_btn.click(on_unload, [unload_pick], [load_status, *refresh])
-        eval_btn.click(on_eval, [state, eval_task, eval_n, eval_methods, models, device, tau, max_words, branches],
+        eval_btn.click(on_eval, [state, eval_task, eval_n, eval_methods, models, device, trust, tau, max_words,
+                                 branches],
                        [state, eval_status, eval_summary, eval_diff, open_method, open_line],
                        concurrency_limit=1, concurrency_id="eval").then(loaded_views, None, refresh,
                                                                        show_progress="hidden")
         open_btn.click(on_open, [state, open_line, open_method], [state, *outputs])
-        run_evt = run_btn.click(on_run, [state, models, device, prompt, compare, others, *settings], [state, *outputs],
+        run_evt = run_btn.click(on_run, [state, models, device, trust, prompt, compare, others, *settings],
+                                [state, *outputs],
                                 concurrency_limit=2, concurrency_id="decode")
-        step_evt = step_btn.click(on_step, [state, models, device, prompt, choice, *settings], [state, *outputs],
+        step_evt = step_btn.click(on_step, [state, models, device, trust, prompt, choice, *settings],
+                                  [state, *outputs],
                                   concurrency_limit=2, concurrency_id="decode")
         cancel_btn.click(on_cancel, [state], [state, *outputs])
         reset_btn.click(on_reset, [state], [state, *outputs], cancels=[run_evt, step_evt])

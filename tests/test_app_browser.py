@@ -130,6 +130,15 @@ def test_run_mode_renders_every_view_and_exports(page, tmp_path):
         pg.locator(f"{elem} svg.main-svg").first.wait_for()
         assert pg.locator(f"{elem} .scatterlayer .trace, {elem} .barlayer .trace").count() > 0
         pg.screenshot(path=str(SHOTS / f"{elem[4:]}.png"), full_page=True)
+    open_tab(pg, "Pool")  # the round slider redraws the pool when moved with the keyboard too
+    title = pg.locator("#af-pool .gtitle").text_content()
+    slider = pg.locator("#af-round input[type=range]")
+    slider.focus()
+    pg.keyboard.press("ArrowRight" if slider.input_value() == "0" else "ArrowLeft")
+    end = time.time() + 20
+    while pg.locator("#af-pool .gtitle").text_content() == title:
+        assert time.time() < end, f"the pool still shows {title!r} after an arrow key"
+        time.sleep(0.3)
     open_tab(pg, "Rounds & cost")
     pg.locator("#af-rounds").wait_for()
     table = pg.locator("#af-rounds").inner_text()
@@ -238,7 +247,7 @@ def test_decision_tree_branches_and_token_view(page):
     pg.screenshot(path=str(SHOTS / "tree-branch.png"), full_page=True)
     open_tab(pg, "Fused vs alone")
     cols = pg.locator("#af-compare .af-col").all_inner_texts()
-    assert len(cols) == 2 and cols[1].startswith(f"branch at round {r}"), cols  # side by side
+    assert cols[0].startswith("AdaFuse") and cols[-1].startswith(f"branch at round {r}"), cols  # side by side
     open_tab(pg, "Tokens")
     pg.locator("#af-tok-round input").fill(r)
     pg.locator("#af-tok-cand input").fill(c)
@@ -332,6 +341,16 @@ def test_narrow_screen_puts_the_prompt_first_and_nothing_overflows(page, tmp_pat
         pg.screenshot(path=str(SHOTS / "narrow-420.png"), full_page=True)
     finally:
         narrow.close()
+
+
+def test_the_running_app_serves_named_api_endpoints(server):
+    """A script drives a decode through the app itself with gradio_client (README's example)."""
+    from gradio_client import Client
+    client = Client(server, verbose=False)
+    out = client.predict("Question: What is the capital of France?\nAnswer:", "smollm2-135m-instruct,gemma3-270m",
+                         stop="\\n", max_new_words=8, api_name="/decode")
+    assert out["output"].strip() and out["trace"]["rounds"] and out["stop_reason"]
+    assert "gemma3-270m" in client.predict(api_name="/models")["bundled"]
 
 
 def test_evaluate_tab_lists_results_and_opens_a_trace(page):

@@ -57,7 +57,7 @@ def test_device_for_all_models_goes_only_where_a_name_has_no_placement():
 def test_bad_placements_raise_typed_errors_before_anything_loads(monkeypatch):
     import torch
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(controller, "get_model", lambda n: pytest.fail(f"{n} should not load"))
+    monkeypatch.setattr(controller, "get_model", lambda n, **kw: pytest.fail(f"{n} should not load"))
     assert model_specs(["a", "b"], "cuda:0") == ["a@cuda:0", "b@cuda:0"]
     for names, device, says in ((["a@gpu", "b"], None, "is not a device"), (["a", "b"], "cuda:3", "1 CUDA device"),
                                 (["a@cpu,int8", "b"], "cpu", "unknown dtype")):
@@ -84,9 +84,11 @@ def test_load_passes_the_placed_specs_to_get_model(monkeypatch):
         def describe(self):
             return f"{self.spec} ready"
 
-    monkeypatch.setattr(controller, "get_model", lambda n: seen.append(n) or Fake(n))
+    monkeypatch.setattr(controller, "get_model", lambda n, trust_remote_code: seen.append((n, trust_remote_code))
+                        or Fake(n))
     assert Explorer().load(["a", "b@cpu"], "cpu") == "✓ a@cpu ready\n✓ b@cpu ready"
-    assert seen == ["a@cpu", "b@cpu"]
+    assert Explorer(trust_remote_code=True).load(["c", "d"]) == "✓ c ready\n✓ d ready"  # the page's switch
+    assert seen == [("a@cpu", False), ("b@cpu", False), ("c", True), ("d", True)]
 
 
 class FakeLoaded:

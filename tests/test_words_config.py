@@ -30,7 +30,8 @@ def test_common_prefix():
 
 @pytest.mark.parametrize("kw", [dict(tau=1.5), dict(tau=-0.1), dict(tau=float("nan")), dict(max_words=0),
                                 dict(branches=0), dict(mode="json"), dict(method="vote"), dict(stop=("",)),
-                                dict(max_new_words=0), dict(max_word_tokens=True)])
+                                dict(max_new_words=0), dict(max_word_tokens=True), dict(system=None),
+                                dict(system=["be brief"]), dict(thinking=1), dict(thinking="yes")])
 def test_bad_settings_raise_typed_errors_naming_the_argument(kw):
     with pytest.raises(ConfigError) as err:
         DecodeConfig(**kw)
@@ -41,6 +42,9 @@ def test_config_round_trip_and_single_stop_string():
     cfg = DecodeConfig(stop="\n", tau=0.5)
     assert cfg.stop == ("\n",)
     assert DecodeConfig.from_dict(cfg.to_dict()) == cfg
+    chat = DecodeConfig(mode="chat", system="Answer briefly.", thinking=False)
+    assert DecodeConfig.from_dict(chat.to_dict()) == chat
+    assert DecodeConfig.from_dict({"tau": 0.5}).system == "" and DecodeConfig().thinking is None  # older traces
 
 
 def test_trace_round_trip(tmp_path):

@@ -106,8 +106,10 @@ def set_aside_cut_line(path: Path, warn=print) -> Path | None:
 
 
 def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = DEFAULT_DATA, limit: int | None = None,
-             base: dict | None = None, on_bad_line: str = "skip", progress: bool = True, warn=None) -> Path:
-    """Run every method on the first `limit` examples; results are appended line by line (a rerun resumes)."""
+             base: dict | None = None, on_bad_line: str = "skip", progress: bool = True, warn=None,
+             trust_remote_code: bool = False) -> Path:
+    """Run every method on the first `limit` examples; results are appended line by line (a rerun resumes).
+    `trust_remote_code` lets models whose repository ships its own Python run it."""
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
     examples = read_examples(data_dir / task.folder / task.file, limit, on_bad_line, warn)
     head = (data_dir / task.folder / task.prompt_file).read_text(encoding="utf-8")
@@ -119,7 +121,7 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
     if not todo:  # every run is already in the file: a resume that has nothing to decode loads no model
         out.touch()
         return out
-    models = {name: get_model(name) for run in runs for name in run.models}
+    models = {name: get_model(name, trust_remote_code=trust_remote_code) for run in runs for name in run.models}
     bar = None
     if progress:
         from tqdm import tqdm

@@ -1,4 +1,4 @@
-"""Benchmark tasks over ../shared/data: prompt building, answer extraction and scoring."""
+"""Benchmark tasks over ../shared/data (or the sample in assets/data): prompt building, answer extraction, scoring."""
 from __future__ import annotations
 
 import json
@@ -9,22 +9,38 @@ from pathlib import Path
 from . import metrics
 from ..errors import AdafuseError
 
-def _find_data() -> Path:
-    """$ADAFUSE_DATA, else the first `shared/data` beside the checkout (../shared/data) or above it."""
+ROOT = Path(__file__).resolve().parents[2]
+# The first 20 examples of each task and its prompt file, for machines without the full sets (a Space).
+SAMPLE_DATA = ROOT / "assets" / "data"
+SAMPLE_NOTE = ("sample: the first 20 examples per task in assets/data (the full sets: ../shared/data, or a folder "
+               "given by $ADAFUSE_DATA or --data)")
+
+
+def find_data(roots: tuple[Path, ...] | None = None) -> Path:
+    """$ADAFUSE_DATA when set (a missing folder is an error when read), else the first `shared/data` in `roots`
+    (default: beside the checkout, i.e. ../shared/data, or above it), else the sample in assets/data."""
     if os.environ.get("ADAFUSE_DATA"):
         return Path(os.environ["ADAFUSE_DATA"])
-    here = Path(__file__).resolve().parents[2]
-    for base in (here.parent, *here.parent.parents, Path("/work")):
+    for base in roots if roots is not None else (ROOT.parent, *ROOT.parent.parents, Path("/work")):
         if (base / "shared" / "data").is_dir():
             return base / "shared" / "data"
-    return here.parent / "shared" / "data"
+    return SAMPLE_DATA
 
 
-DEFAULT_DATA = _find_data()
+DEFAULT_DATA = find_data()
 
 
 class DataError(AdafuseError, ValueError):
     """A data file is missing, unreadable or has a bad line."""
+
+
+def data_source(data_dir: Path | None = None) -> str:
+    """Which data `data_dir` (default: DEFAULT_DATA) is, for a status line: "sample: ..." (assets/data), "full:
+    FOLDER", or "missing: FOLDER"."""
+    data_dir = Path(data_dir or DEFAULT_DATA)
+    if data_dir.resolve() == SAMPLE_DATA.resolve():
+        return SAMPLE_NOTE
+    return f"{'full' if data_dir.is_dir() else 'missing'}: {data_dir}"
 
 
 @dataclass(frozen=True)
@@ -86,7 +102,13 @@ def read_examples(path: Path, limit: int | None, on_bad_line: str = "skip", warn
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise DataError(f"cannot read {path}: {exc}; pass --data pointing at the folder that holds {path.parent.name}/")
+        root, env = path.parent.parent, os.environ.get("ADAFUSE_DATA")
+        if env and root == Path(env) and not root.is_dir():
+            raise DataError(f"ADAFUSE_DATA={env} is not a folder: point it at one holding nq/, triviaqa/, squad/, "
+                            "gsm8k/, flores/, or unset it to read ../shared/data (else the sample in "
+                            "assets/data)") from exc
+        raise DataError(f"cannot read {path}: {exc}; pass --data pointing at the folder that holds "
+                        f"{path.parent.name}/") from exc
     out = []
     for no, line in enumerate(lines, 1):
         if not line.strip():
@@ -105,5 +127,6 @@ def read_examples(path: Path, limit: int | None, on_bad_line: str = "skip", warn
         if limit is not None and len(out) >= limit:
             break
     if limit is not None and len(out) < limit:
-        warn(f"{path.name} holds {len(out)} usable examples, fewer than --limit {limit}: using {len(out)}")
+        sample = f" ({SAMPLE_NOTE})" if path.resolve().is_relative_to(SAMPLE_DATA.resolve()) else ""
+        warn(f"{path.name} holds {len(out)} usable examples, fewer than --limit {limit}: using {len(out)}{sample}")
     return out

@@ -1,0 +1,63 @@
+"""Named API endpoints for scripts (`gradio_client`): `register()` adds /decode and /models to the app's Blocks."""
+import gradio as gr
+
+from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, AdaFuse, DecodeConfig, get_model
+from adafuse.decoder import MAX_MODELS
+from adafuse.errors import AdafuseError, ConfigError, PromptError
+from adafuse.loading import loaded_models
+
+from .gpu import gpu
+
+
+def _model_names(models: list[str] | str) -> list[str]:
+    """A list of model specs, or one string of them separated by commas."""
+    items = models.split(",") if isinstance(models, str) else models
+    if not isinstance(items, list) or not all(isinstance(n, str) for n in items):
+        raise ConfigError(f"models={models!r} is invalid: give a list of model names or one string of names "
+                          f"separated by commas, e.g. {','.join(DEFAULT_PAIR)!r}")
+    names = [n.strip() for n in items if n.strip()]
+    if not 2 <= len(names) <= MAX_MODELS:
+        raise ConfigError(f"{len(names)} model(s) given: an ensemble needs 2 to {MAX_MODELS}, e.g. "
+                          f"{','.join(DEFAULT_PAIR)!r}")
+    return names
+
+
+def _stops(stop: list[str] | str) -> tuple[str, ...]:
+    """A list of stop strings as they are, or one string of them, one per line, \\n and \\t written as escapes."""
+    if isinstance(stop, str):
+        return tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in stop.splitlines() if s.strip())
+    if not isinstance(stop, list):
+        raise ConfigError(f"stop={stop!r} is invalid: give a list of stop strings or one string, one per line")
+    return tuple(stop)
+
+
+@gpu
+def decode(prompt: str, models: list[str] | str = ",".join(DEFAULT_PAIR), tau: float = 0.7, max_words: int = 3,
+           branches: int = 3, max_new_words: int = 40, mode: str = "raw", stop: list[str] | str = "",
+           system: str = "", thinking: bool | None = None) -> dict:
+    """Decode `prompt` with an ensemble of 2-4 models (names separated by commas). `stop`: one stop string per line,
+    \\n written as an escape (or a list). Returns the output, its words and rounds, why it stopped, and the trace."""
+    try:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise PromptError("the prompt is empty: give the text to continue, e.g. 'Question: ...\\nAnswer:'")
+        cfg = DecodeConfig(tau=tau, max_words=max_words, branches=branches, max_new_words=max_new_words, mode=mode,
+                           stop=_stops(stop), system=system, thinking=thinking)
+        lms = [get_model(n) for n in _model_names(models)]
+        trace = AdaFuse(lms, cfg).generate(prompt)
+    except AdafuseError as exc:  # the client sees the message (gradio_client raises AppError with it)
+        raise gr.Error(str(exc), title=type(exc).__name__) from exc
+    return {"output": trace.output, "words": trace.words, "rounds": len(trace.rounds),
+            "stop_reason": trace.stop_reason, "trace": trace.to_dict()}
+
+
+def list_models() -> dict:
+    """Model names to try: the bundled pair (offline), the paper's models (Hub ids), and the models loaded now."""
+    return {"bundled": list(BUNDLED), "default_pair": list(DEFAULT_PAIR), "paper": list(PAPER_MODELS),
+            "loaded": [lm.info() for lm in loaded_models()]}
+
+
+def register() -> None:
+    """Add /decode and /models to the Blocks being built (call inside `with gr.Blocks():`); decodes share the app's
+    "decode" concurrency group."""
+    gr.api(decode, api_name="decode", concurrency_id="decode")
+    gr.api(list_models, api_name="models", queue=False)
