@@ -6,6 +6,7 @@ from typing import Callable
 
 import torch
 
+from .selection import select_first_tokens, token_key
 from .view import ModelView
 from .writer import BOUNDARY, END, FULL, STRADDLE, Word, best_token, margin, sample_token, token_index
 
@@ -65,15 +66,9 @@ def first_tokens(s: ModelView, lp: torch.Tensor, count: int, top_k: int, distinc
     for t, v in zip(top.indices.tolist(), top.values.tolist()):
         if v == float("-inf"):  # past what the model (a server's top-k) gives any probability
             break
-        if t in s.end_ids:
-            key = "<end>"
-        else:
-            if t in s.banned_ids:
-                continue
-            txt = s.decode_after(s.ids, [t])
-            if txt == "":
-                continue
-            key = ("bytes", t) if "\ufffd" in txt else (txt.strip() or txt)
+        key = token_key(s, t)[0]
+        if key is None:
+            continue
         if distinct and key in seen:
             continue
         seen.add(key)
@@ -83,13 +78,19 @@ def first_tokens(s: ModelView, lp: torch.Tensor, count: int, top_k: int, distinc
     return chosen or [best_token(s, lp)]
 
 
-def explore(s: ModelView, branches: int, top_k: int, max_word_tokens: int) -> list[Proposal]:
-    """B distinct first tokens, each extended greedily into one complete word, all branches batched."""
+def explore(s: ModelView, branches: int, top_k: int, max_word_tokens: int, strategy: str = "surface",
+            lam: float = 1.0, record: dict | None = None) -> list[Proposal]:
+    """B first tokens chosen by `strategy` (`selection.py`: distinct surface forms, or probability against redundancy
+    in the model's embedding space), each extended greedily into one complete word, all branches batched. `record`,
+    when given, receives the selection's record (`ModelStep.selection`)."""
     s.rewind()
     lp = s.next_logprobs
     done: list[Word] = []
     rows: list[Word] = []
-    for t in first_tokens(s, lp, branches, top_k, distinct=True):
+    chosen, rec = select_first_tokens(s, lp, branches, top_k, strategy, lam)
+    if record is not None:
+        record.update(rec)
+    for t in chosen or [best_token(s, lp)]:
         w = Word(s, list(s.ids), max_word_tokens)
         (rows if w.offer(t, lp) else done).append(w)
     branch = s.branch(len(rows)) if rows else None

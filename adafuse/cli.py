@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=d.thinking,
                      help="chat mode: turn the template's enable_thinking switch (Qwen3) on or off; unset: the "
                           "template's default")
+    run.add_argument("--weights", type=float, nargs="+", default=[], metavar="W",
+                     help="one weight per model, in --models order: fused score = Σ w·NLL / Σ w (default: equal)")
     run.add_argument("--max-new-words", type=int, default=d.max_new_words, help="stop after this many words")
     run.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="stop after this many tokens")
     run.add_argument("--max-word-tokens", type=int, default=d.max_word_tokens, help="a word ends after this many tokens")
@@ -73,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tau", type=float, help="τ_Δ for every method (default 0.7)")
     ev.add_argument("--max-words", type=int, help="M for every method (default 3)")
     ev.add_argument("--branches", type=int, help="B for every method (default 3)")
+    ev.add_argument("--weights", type=float, nargs="+", metavar="W", help="one weight per model for every method")
     ev.add_argument("--max-new-words", type=int, help="override the task's word cap (GSM8K: 200)")
     ev.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     ev.add_argument("--out", type=Path, default=Path("results"), help="folder for <task>.jsonl, summary.md, summary.csv")
@@ -89,7 +92,11 @@ def run_eval(args) -> int:
         from .errors import ConfigError
         raise ConfigError(f"--limit {args.limit} is invalid: use 1 or more")
     base = {k: v for k, v in (("tau", args.tau), ("max_words", args.max_words), ("branches", args.branches),
-                              ("max_new_words", args.max_new_words)) if v is not None}
+                              ("max_new_words", args.max_new_words),
+                              ("weights", tuple(args.weights) if args.weights else None)) if v is not None}
+    if args.weights and len(args.weights) != len(args.models):
+        from .errors import ConfigError
+        raise ConfigError(f"--weights has {len(args.weights)} values for {len(args.models)} models: give one per model")
     DecodeConfig(**base)  # validate before loading anything
     runs = parse_methods(args.methods, args.models)
     print(f"data: {data_source(args.data)}", file=sys.stderr)
@@ -124,7 +131,7 @@ def run(args) -> int:
                        method=args.method, span_words=args.span_words, mode=args.mode,
                        max_new_words=args.max_new_words, max_new_tokens=args.max_new_tokens,
                        max_word_tokens=args.max_word_tokens, stop=tuple(_unescape(s) for s in args.stop),
-                       system=_unescape(args.system), thinking=args.thinking)
+                       system=_unescape(args.system), thinking=args.thinking, weights=tuple(args.weights))
     if not prompt.strip():
         raise PromptError("the prompt is empty: pass --prompt TEXT or --prompt-file PATH with some text")
     models = []

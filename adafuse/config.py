@@ -8,6 +8,7 @@ from .errors import ConfigError
 
 METHODS = ("adafuse", "greedy", "beam", "fixed-span", "token-union", "mixture")
 MODES = ("raw", "chat")
+EXPLORATIONS = ("surface", "embedding")
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,20 @@ class DecodeConfig:
     score_single: bool = False
     # how many top tokens exploration looks through for B distinct first tokens
     explore_top_k: int = 64
+    # how an uncertain model picks its B first tokens: "surface" (the most probable ones whose stripped texts differ) or
+    # "embedding" (greedy subset selection: log-probability minus a redundancy penalty from the similarity of the
+    # tokens' input embeddings, see adafuse/selection.py; needs the model's weights, so not for a served model)
+    exploration: str = "surface"
+    # λ for exploration "embedding": the redundancy penalty's weight in nats (0: the surface strategy exactly)
+    explore_lambda: float = 1.0
     # k for method "token-union": each model's top-k next tokens enter the union
     union_top_k: int = 5
     # random seed for method "mixture" (models are drawn with equal weight unless `weights` is given)
     seed: int = 0
     # method "mixture": the drawn model samples its word at this temperature (0: greedily)
     temperature: float = 1.0
-    # per-model weights for method "mixture" (empty: equal)
+    # per-model weights (empty: equal): the scored methods (adafuse, beam, fixed-span) fuse Σ w·NLL / Σ w; "mixture"
+    # draws its writer with these odds
     weights: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
@@ -77,6 +85,12 @@ class DecodeConfig:
             raise bad("system", self.system, "use a string (empty: no system message)")
         if self.thinking is not None and not isinstance(self.thinking, bool):
             raise bad("thinking", self.thinking, "use True, False or None (the template's default)")
+        if self.exploration not in EXPLORATIONS:
+            raise bad("exploration", self.exploration, f"use one of {', '.join(EXPLORATIONS)}")
+        if isinstance(self.explore_lambda, bool) or not isinstance(self.explore_lambda, (int, float)) \
+                or not 0.0 <= self.explore_lambda <= 100.0:  # NaN and ±inf fail the range check too
+            raise bad("explore_lambda", self.explore_lambda, "use a number from 0 (surface order) to 100 (default 1)")
+        object.__setattr__(self, "explore_lambda", float(self.explore_lambda))
         if self.method not in METHODS:
             raise bad("method", self.method, f"use one of {', '.join(METHODS)}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)

@@ -16,6 +16,7 @@ from .parallel import Workers
 from .remote import RemoteModel
 from .report import candidate_label
 from .scoring import score_candidates
+from .selection import check_exploration
 from .session import LocalSession
 from .trace import Candidate, ModelStep, Round, Trace
 from .view import ModelView
@@ -23,7 +24,8 @@ from .words import count_words, find_stop
 
 MAX_MODELS = 4
 # settings that only steer the rounds still to come (`Decoding.reconfigure`)
-LIVE_SETTINGS = ("tau", "max_words", "branches", "diversity", "max_new_words", "max_new_tokens")
+LIVE_SETTINGS = ("tau", "max_words", "branches", "diversity", "exploration", "explore_lambda", "max_new_words",
+                 "max_new_tokens", "weights")
 
 
 class Decoding:
@@ -80,7 +82,8 @@ class Decoding:
         winner = min(range(len(candidates)), key=lambda i: (candidates[i].fused is None, candidates[i].fused or 0.0, i))
         self.pending = Round(index=len(self.trace.rounds), steps=steps, candidates=candidates, chosen=winner,
                              winner=winner, text=candidates[winner].text, words=candidates[winner].words,
-                             seconds=time.perf_counter() - t0)
+                             seconds=time.perf_counter() - t0,
+                             weights=self.weights() if self.method.scores else {})
         return self.pending
 
     def _pool_round(self) -> tuple[list[ModelStep], list[Candidate]]:
@@ -145,9 +148,14 @@ class Decoding:
                         c.notes[name] = sc.note
                     if c.eos:
                         c.end_term[name] = sc.end_term
+            weights = self.weights()
             for c in candidates:
-                c.fused = _fuse(c)
+                c.fused = _fuse(c, weights)
         return steps, candidates
+
+    def weights(self) -> dict[str, float]:
+        """Per model, the weight of its NLL in the fused score (`DecodeConfig.weights`); empty: all equal."""
+        return dict(zip(self.names, self.config.weights)) if self.config.weights else {}
 
     def _ending(self, text: str, eos: bool) -> tuple[str, bool]:
         """A span holding a stop string or an end-token string (possibly begun in the committed text) is cut before it
@@ -246,6 +254,9 @@ class Decoding:
         if fixed:
             raise ConfigError(f"{', '.join(fixed)} cannot change during a decode: start a new one")
         changed = {k: new[k] for k in LIVE_SETTINGS if new[k] != old[k]}
+        check_exploration(self.models, config)
+        if config.weights and len(config.weights) != len(self.models):
+            raise ConfigError(f"weights has {len(config.weights)} values for {len(self.models)} models")
         if changed and not self.done:
             self.config = config
             start = len(self.trace.rounds) + (self.pending is not None)  # a decided round keeps its settings
@@ -272,12 +283,16 @@ def _open_view(lm: LoadedModel, prompt: str, config: DecodeConfig) -> ModelView:
     return LocalSession(lm, prompt, config.mode, config.stop, config.system, config.thinking)
 
 
-def _fuse(c: Candidate) -> float | None:
-    """Mean NLL over the models that scored the candidate; None (ranked last) when a model gives it probability 0."""
-    if any(v is None and c.notes.get(m, "").startswith("probability 0") for m, v in c.nll.items()):
+def _fuse(c: Candidate, weights: dict[str, float] | None = None) -> float | None:
+    """Mean NLL over the models that scored the candidate, weighted by `weights` when given (Σ w·NLL / Σ w; a model
+    of weight 0 is shown but does not count); None (ranked last) when a counted model gives it probability 0."""
+    w = weights or {}
+    counted = {m: v for m, v in c.nll.items() if w.get(m, 1.0) > 0}
+    if any(v is None and c.notes.get(m, "").startswith("probability 0") for m, v in counted.items()):
         return None
-    vals = [v for v in c.nll.values() if v is not None]
-    return sum(vals) / len(vals) if vals else None
+    vals = [(w.get(m, 1.0), v) for m, v in counted.items() if v is not None]
+    total = sum(x for x, _ in vals)
+    return sum(x * v for x, v in vals) / total if total > 0 else None
 
 
 def _charge(steps: list[ModelStep], sessions: Sequence[ModelView], before: list[tuple[int, int, float, int]]) -> None:
@@ -299,6 +314,7 @@ def _validate(models: Sequence[LoadedModel], config: DecodeConfig, prompt) -> No
     vocab = min(lm.vocab_size for lm in models)
     if config.method == "token-union" and config.union_top_k > vocab:
         raise ConfigError(f"union_top_k={config.union_top_k} is larger than a model's vocabulary ({vocab}): use fewer")
+    check_exploration(models, config)  # embedding exploration needs each model's weights here
 
 
 def _unique_names(models: Sequence[LoadedModel]) -> list[str]:
@@ -350,7 +366,7 @@ class AdaFuse:
 
 def greedy(model: LoadedModel | str, prompt: str, config: DecodeConfig | None = None) -> Trace:
     """One model alone through the same machinery (same words, stops and costs)."""
-    cfg = replace(config or DecodeConfig(), method="greedy")
+    cfg = replace(config or DecodeConfig(), method="greedy", weights=())  # alone: no ensemble weights
     return AdaFuse([model], cfg).generate(prompt)
 
 

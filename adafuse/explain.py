@@ -67,6 +67,8 @@ def _node(r: Round, j: int, c: Candidate, models: list[str], branches: list[str]
     if c.eos:
         tags.append("⏎ ends the answer")
     tags += [f"↪ branch {b}" for b in branches]
+    if not chosen:
+        tags.append("branch from here")  # a button's name is its text: say what pressing it does
     nll = " · ".join(f"{m} {c.nll[m]:.3f}" if c.nll.get(m) is not None else f"{m} —" for m in models if m in c.nll)
     fused = "not scored" if c.fused is None else f"fused {c.fused:.3f}"
     by = ", ".join(c.proposers) or "—"
@@ -80,9 +82,10 @@ def _node(r: Round, j: int, c: Candidate, models: list[str], branches: list[str]
             + (f'<span class="af-meta">NLL {html.escape(nll)}</span>' if nll else "")
             + f'<span class="af-meta">{html.escape(fused)}</span>'
             + "".join(f'<span class="af-tag">{html.escape(t)}</span>' for t in tags))
-    attrs = f'class="{" ".join(classes)}" data-node="{r.index}:{j}" aria-label="{html.escape(aria)}"'
+    attrs = f'class="{" ".join(classes)}" data-node="{r.index}:{j}"'
     if chosen:  # not a button: nothing to pick; a group so its label is read
-        return f'<li><div role="group" {attrs} aria-current="step">{body}</div></li>'
+        return f'<li><div role="group" {attrs} aria-label="{html.escape(aria)}" aria-current="step">{body}</div></li>'
+    # a button is named by its visible text (which holds every detail): an aria-label would hide or contradict it
     return f'<li><button type="button" {attrs}>{body}</button></li>'
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from .candidates import Proposal, beam, explore, greedy_span, sample_word
+from .errors import ConfigError
+from .selection import NO_WEIGHTS
 from .trace import Candidate, ModelStep
 from .view import ModelView
 from .words import count_words
@@ -47,11 +49,19 @@ class Method:
 
 
 class AdaFuse(Method):
-    """Confident models (Δ ≥ τ) commit a greedy span of up to M words; uncertain ones explore B distinct first tokens
-    (or, with `diversity` off, run a width-B beam search over the word)."""
+    """Confident models (Δ ≥ τ) commit a greedy span of up to M words; uncertain ones explore B first tokens chosen by
+    `exploration` (distinct surface forms, or probability against redundancy in embedding space) or, with `diversity`
+    off, run a width-B beam search over the word. Each explore step records its selection (`ModelStep.selection`)."""
 
     def __init__(self, diversity: bool | None = None):
         self.diversity = diversity  # None: as the config says
+
+    def start(self, d):
+        d.selections = {}
+        if d.config.exploration == "embedding":  # before any round (a served model has no embedding rows here)
+            for s in d.sessions:
+                if s.token_embeddings(s.ids[-1:]) is None:
+                    raise ConfigError(NO_WEIGHTS.format(name=s.name))
 
     def propose(self, d, s, budget):
         cfg = d.config
@@ -61,8 +71,22 @@ class AdaFuse(Method):
             return [p], "commit", margins
         diverse = cfg.diversity if self.diversity is None else self.diversity
         if diverse:
-            return explore(s, cfg.branches, cfg.explore_top_k, cfg.max_word_tokens), "explore", [delta]
+            record: dict = {}
+            proposals = explore(s, cfg.branches, cfg.explore_top_k, cfg.max_word_tokens, cfg.exploration,
+                                cfg.explore_lambda, record)
+            selections = getattr(d, "selections", None)
+            if selections is not None:
+                selections[id(s)] = record  # one key per model: safe from the models' worker threads
+            return proposals, "explore", [delta]
         return beam(s, cfg.branches, cfg.explore_top_k, cfg.max_word_tokens), "beam", [delta]
+
+    def round(self, d):
+        """The usual pool round, with each explore step's selection record attached to its step."""
+        d.selections = {}
+        steps, candidates = d._pool_round()
+        for step, s in zip(steps, d.sessions):
+            step.selection = d.selections.pop(id(s), {})
+        return steps, candidates
 
 
 class FixedSpan(Method):

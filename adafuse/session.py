@@ -148,6 +148,7 @@ class TokenizedView(ModelView):
         self.tokens_fed = 0
         self.seconds = 0.0
         self.tokenizer_seconds = 0.0
+        self.selection_seconds, self.selections_made = 0.0, 0  # choosing exploration's first tokens (selection.py)
         self.peak_side_bytes = 0  # the largest prefix copy a batch made (exploration, beam, scoring)
         self.anchor_char, self.anchor_tok = 0, 0
         self.ids = self.encode("")
@@ -303,6 +304,14 @@ class LocalSession(TokenizedView):
 
     def branch(self, rows: int) -> LocalBranch:
         return LocalBranch(self, rows)
+
+    @torch.inference_mode()
+    def token_embeddings(self, ids: list[int]) -> torch.Tensor | None:
+        emb = self.lm.model.get_input_embeddings() if hasattr(self.lm.model, "get_input_embeddings") else None
+        weight = getattr(emb, "weight", None)
+        if weight is None:
+            return None
+        return weight[torch.tensor(ids, dtype=torch.long, device=weight.device)]
 
     @torch.inference_mode()
     def score_rows(self, start: int, rows: list[list[int]], remember: list[bool], wanted=None) -> list[torch.Tensor]:

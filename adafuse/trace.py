@@ -21,6 +21,9 @@ class ModelStep:
     tokens_fed: int = 0            # token positions fed this round (batch rows × length)
     seconds: float = 0.0
     cached_tokens: int = 0         # a served model: prompt tokens its server took from its prefix cache this round
+    # an explore step: how its first tokens were chosen (adafuse/selection.py): {"strategy", "lambda", "bandwidth",
+    # "tokens": [{token, rank, text, end, p, logp, penalty, score, picked, order, skip, like, similarity}]}
+    selection: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Round:
     overridden: bool = False
     stop: str | None = None        # why decoding stopped after this round, if it did
     cut: int = 0                   # characters later removed from `text` by a stop string that began here
+    weights: dict[str, float] = field(default_factory=dict)  # per model: its weight in the fused score (empty: equal)
 
     @property
     def kind(self) -> str:
@@ -149,6 +153,8 @@ class Trace:
                 bad(f"{at}.text/words", "must be text and a whole number")  # (version 1 traces hold -1 after a cut)
             if not num(r.seconds):
                 bad(f"{at}.seconds", "must be a number")
+            if not isinstance(r.weights, dict) or not all(m in self.models and num(v) for m, v in r.weights.items()):
+                bad(f"{at}.weights", "must map the trace's models to numbers")
             if len(r.steps) != len(self.models):
                 bad(f"{at}.steps", f"has {len(r.steps)} entries for {len(self.models)} models")
             for j, st in enumerate(r.steps):
@@ -162,6 +168,13 @@ class Trace:
                 for f in ("forward_passes", "tokens_fed", "seconds"):
                     if not num(getattr(st, f)):
                         bad(f"{at}.steps[{j}].{f}", "must be a number")
+                sel = st.selection
+                toks = sel.get("tokens", []) if isinstance(sel, dict) else None
+                if not isinstance(toks, list) or not all(
+                        isinstance(x, dict) and isinstance(x.get("picked"), bool)
+                        and all(num(x.get(f)) for f in ("p", "penalty", "score")) for x in toks):
+                    bad(f"{at}.steps[{j}].selection", "must be an object whose tokens each have p, penalty, score "
+                        "numbers and a picked flag")
             for j, c in enumerate(r.candidates):
                 where = f"{at}.candidates[{j}]"
                 if not isinstance(c.text, str) or not isinstance(c.eos, bool):

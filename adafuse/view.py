@@ -79,6 +79,11 @@ class ModelView(ABC):
         next: keep what a commit would compute. `wanted[i]` ({entry: token ids}) says which values the caller
         reads; a view that cannot give whole distributions (a served model) gives those exactly, -inf elsewhere."""
 
+    def token_embeddings(self, ids: list[int]) -> torch.Tensor | None:
+        """(len(ids), D) rows of the model's input-embedding matrix for these tokens, on the model's device (one
+        gather); None where the weights are not here (a served model): exploration by embedding needs them."""
+        return None
+
     def next_exact(self, tokens: list[int]) -> torch.Tensor:
         """`next_logprobs` with these tokens' values exact (a served model's top-k misses the rest; a local model's
         vector is whole already)."""

@@ -187,7 +187,7 @@ class Explorer:
         for n in model_specs(names, device):
             lm = self._get(n)
             label = lm.name if lm.name not in self.singles else n  # the model's name; its spec when it repeats
-            trace = self._finish(AdaFuse([lm], replace(cfg, method="greedy")).start(prompt))
+            trace = self._finish(AdaFuse([lm], replace(cfg, method="greedy", weights=())).start(prompt))
             if trace is None:
                 return
             self.singles[label] = trace

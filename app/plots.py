@@ -8,11 +8,21 @@ import pandas as pd
 from adafuse.harness.figures import (KIND_COLORS, KIND_NAMES, MODEL_COLORS, cost_figure, empty_figure,  # noqa: F401
                                      margins_figure, pool_figure, words_per_round_figure)
 from adafuse.report import cost_rows, round_rows
+from adafuse.selection import selection_rows
 from adafuse.trace import Round, Trace
 
 
 def rounds_frame(trace: Trace | None) -> pd.DataFrame:
     return pd.DataFrame(round_rows(trace)) if trace and trace.rounds else pd.DataFrame({"round": []})
+
+
+def selection_frame(trace: Trace | None, index: int) -> pd.DataFrame:
+    """Round `index`'s first-token selection (`adafuse.selection.selection_rows`): every token an unsure model looked
+    at, its probability and redundancy penalty, picked or skipped and why."""
+    if not trace or not 0 <= index < len(trace.rounds):
+        return pd.DataFrame({"why": []})
+    rows = selection_rows(trace, index)
+    return pd.DataFrame(rows) if rows else pd.DataFrame({"why": ["no model explored first tokens in this round"]})
 
 
 def cost_frame(trace: Trace | None, singles: dict[str, Trace] | None = None) -> pd.DataFrame:

@@ -6,6 +6,7 @@ import html
 import gradio as gr
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
+from adafuse.decoder import MAX_MODELS
 from adafuse.explain import token_view_html, tree_html
 from adafuse.harness.tasks import TASKS, data_source
 from adafuse.report import candidate_label
@@ -29,7 +30,7 @@ CSS = """
 .af-span {border-radius: 4px; padding: 1px 2px; margin: 0 1px; cursor: help; position: relative;
           text-underline-offset: 4px}
 .af-span:focus-visible {outline: 2px solid #1d4ed8; outline-offset: 1px}
-.af-span:focus-visible::after {content: attr(data-tip); position: absolute; left: 0; top: 100%; z-index: 20;
+.af-span:focus::after {content: attr(data-tip); position: absolute; left: 0; top: 100%; z-index: 20;
           background: #111827; color: #fff; font: .8rem/1.4 ui-sans-serif, system-ui, sans-serif; padding: 4px 8px;
           border-radius: 6px; width: max-content; max-width: min(420px, 80vw); white-space: normal}
 .af-sr {position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap}
@@ -93,11 +94,21 @@ average wins. Hover a span (or Tab to it) to see its round. **Ctrl+Enter** runs,
 THINKING = {"template default": None, "on": True, "off": False}
 
 
-def _settings(tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop, system,
-              thinking) -> DecodeConfig:
+def _settings(names, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
+              system, thinking, *weights) -> DecodeConfig:
+    picked = [float(w) for w in weights[: len([n for n in names or [] if str(n).strip()])]]
     return DecodeConfig(tau=float(tau), max_words=int(max_words), branches=int(branches), diversity=bool(diversity),
+                        exploration=exploration, explore_lambda=float(lam),
                         max_new_words=int(max_new_words), max_new_tokens=int(max_new_tokens), mode=mode,
-                        stop=parse_stops(stop), system=(system or "").strip(), thinking=THINKING[thinking])
+                        stop=parse_stops(stop), system=(system or "").strip(), thinking=THINKING[thinking],
+                        weights=tuple(picked) if len(set(picked)) > 1 else ())
+
+
+def weight_sliders(names):
+    """One weight slider per picked model, labelled by it; the others hidden."""
+    names = [str(n).strip() for n in names or [] if str(n).strip()]
+    return [gr.update(visible=i < len(names), label=f"Weight of {names[i]}" if i < len(names) else "Weight")
+            for i in range(MAX_MODELS)]
 
 
 def _choices(pending) -> list[tuple[str, int]]:
@@ -147,6 +158,7 @@ def render(ex: Explorer, status: str = "", selected: int | None = None, export: 
         *loaded_views(loaded),
         gr.update(interactive=live),
         tree_html(t, ex.branches),
+        plots.selection_frame(t, selected),
     )
 
 
@@ -195,6 +207,12 @@ def build_demo() -> gr.Blocks:
         max_words = gr.Slider(1, 5, value=3, step=1, label="M: most words per confident round", render=False)
         branches = gr.Slider(1, 8, value=3, step=1, label="B: candidates when unsure", render=False)
         diversity = gr.Checkbox(True, label="Diverse exploration (off = beam search)", render=False)
+        exploration = gr.Radio(["surface", "embedding"], value="surface", render=False, elem_id="af-exploration",
+                               label="Diverse in spelling (surface) or in meaning (embedding)",
+                               info="embedding: each next first token maximizes log p − λ·(similarity of its input "
+                                    "embedding to the tokens already picked)")
+        lam = gr.Slider(0, 5, value=1.0, step=0.25, label="λ: redundancy penalty (embedding; 0 = surface)",
+                        render=False, elem_id="af-lambda")
         max_new_words = gr.Slider(1, 200, value=40, step=1, label="Max new words", render=False,
                                   elem_id="af-max-words")
         max_new_tokens = gr.Slider(16, 2048, value=1024, step=16, elem_id="af-max-tokens", render=False,
@@ -233,6 +251,9 @@ def build_demo() -> gr.Blocks:
                         round_sel = gr.Slider(0, 1, value=0, step=1, label="Round", interactive=False,
                                               elem_id="af-round")
                         pool_plot = gr.Plot(plots.pool_figure(None), elem_id="af-pool")
+                        picks_df = gr.Dataframe(plots.selection_frame(None, -1), wrap=True, elem_id="af-picks",
+                                                label="First tokens the unsure models looked at: picked or skipped, "
+                                                      "and why")
                     with gr.Tab("Tree", id="tree"):
                         gr.Markdown("Every round's pool; the chosen path is marked ✓. **Click a candidate that was "
                                     "not chosen** (or enter its round and number below) to branch a new decode from "
@@ -271,8 +292,15 @@ def build_demo() -> gr.Blocks:
                                           elem_id="af-load-status")
                 trust = gr.Checkbox(False, label="Trust remote code (runs the Python a model's repository ships: "
                                                  "only for repositories you trust)", elem_id="af-trust")
-                for c in (tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop):
+                for c in (tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens,
+                          mode, stop):
                     c.render()
+                with gr.Accordion("Model weights in the fused score", open=False):
+                    gr.Markdown("Fused score = Σ w·NLL / Σ w: a stronger model can count more (0: shown, not "
+                                "counted). Equal weights are the paper's mean.")
+                    weights = [gr.Slider(0, 5, value=1, step=0.25, label=f"Weight of {n}" if i < len(DEFAULT_PAIR)
+                                         else "Weight", visible=i < len(DEFAULT_PAIR), elem_id=f"af-weight-{i}")
+                               for i, n in enumerate(list(DEFAULT_PAIR) + [""] * (MAX_MODELS - len(DEFAULT_PAIR)))]
                 with gr.Accordion("Chat mode: system prompt and thinking", open=False):
                     system.render()
                     thinking.render()
@@ -306,13 +334,14 @@ def build_demo() -> gr.Blocks:
             with gr.Tab("Export / load trace", id="io"):
                 download = gr.DownloadButton("⬇ Download trace (JSON)", value=None, interactive=False,
                                              elem_id="af-download")
-                upload = gr.File(label="Load a saved trace (browse it without any model)",
-                                 file_types=[".json"], elem_id="af-upload")
+                upload = gr.UploadButton("📂 Load a saved trace (.json; browse it without any model)",
+                                         file_types=[".json"], elem_id="af-upload")
 
         outputs = [fused, compare_view, margins_plot, pool_plot, wpr_plot, rounds_df, cost_df, cost_plot, round_sel,
-                   choice, status, download, loaded_df, unload_pick, cancel_btn, tree_view]
+                   choice, status, download, loaded_df, unload_pick, cancel_btn, tree_view, picks_df]
         assert outputs[STATUS_AT] is status
-        settings = [tau, max_words, branches, diversity, max_new_words, max_new_tokens, mode, stop, system, thinking]
+        settings = [models, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens,
+                    mode, stop, system, thinking, *weights]
         api.register()  # /decode and /models for gradio_client
 
         # ---- wiring ----
@@ -376,9 +405,10 @@ def build_demo() -> gr.Blocks:
         def on_step(ex, names, dev, allow, prompt_text, picked, *s):
             ex = ex or Explorer()
             ex.trust_remote_code = bool(allow)
-            if ex.running:
-                return (ex, *only_status("Step is not available while ▶ Run is decoding: wait for it to end, or "
-                                         "press ■ Cancel first."))
+            if ex.running:  # a toast: the running decode keeps writing the status line
+                msg = "Step is not available while ▶ Run is decoding: wait for it to end, or press ■ Cancel first."
+                gr.Warning(msg)
+                return (ex, *only_status(msg))
             try:
                 cfg = _settings(*s)
                 kind, what = ex.plan(names, cfg, prompt_text, dev)
@@ -448,12 +478,12 @@ def build_demo() -> gr.Blocks:
 
         def on_round(ex, idx):
             ex = ex or Explorer()
-            return plots.pool_figure(ex.trace, int(idx), None)
+            return plots.pool_figure(ex.trace, int(idx), None), plots.selection_frame(ex.trace, int(idx))
 
         def on_upload(ex, file):
             ex = ex or Explorer()
             if file is None:
-                return (ex, *render(ex))
+                return (ex, *only_status())
             if ex.running:
                 return (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before loading a trace."))
             try:
@@ -493,6 +523,7 @@ def build_demo() -> gr.Blocks:
                 return (ex, *_error(ex, exc))
 
         refresh = [loaded_df, unload_pick]
+        models.change(weight_sliders, [models], weights, show_progress="hidden")
         demo.load(loaded_views, None, refresh, show_progress="hidden")
         demo.load(None, None, None, js=SHORTCUTS)
         load_btn.click(on_load, [models, device, trust], [load_status]).then(loaded_views, None, refresh,
@@ -512,7 +543,7 @@ def build_demo() -> gr.Blocks:
                                   concurrency_limit=2, concurrency_id="decode")
         cancel_btn.click(on_cancel, [state], [state, *outputs])
         reset_btn.click(on_reset, [state], [state, *outputs], cancels=[run_evt, step_evt])
-        round_sel.input(on_round, [state, round_sel], [pool_plot], show_progress="hidden")  # keys too
+        round_sel.input(on_round, [state, round_sel], [pool_plot, picks_df], show_progress="hidden")  # keys too
         upload.upload(on_upload, [state, upload], [state, *outputs])
         branch_btn.click(on_branch, [state, branch_round, branch_cand], [state, *outputs],
                          concurrency_limit=2, concurrency_id="decode")

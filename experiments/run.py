@@ -28,6 +28,12 @@ MAIN = ["adafuse", "greedy", "beam", "fixed-span-1", "fixed-span-2", "fixed-span
 ABLATIONS = ([f"adafuse[branches={b}]" for b in (1, 2, 4, 5)]
              + [f"adafuse[branches={b},diversity=false]" for b in (2, 4, 5)]   # B=3 without diversity is "beam"
              + [f"adafuse[tau={t}]" for t in (0.3, 0.5, 0.9)])                 # τΔ=0.7 and fixed-span-N are in MAIN
+# issue 13: first tokens chosen by meaning (embedding) against by spelling (surface) and beam, B = 2..5, on all three QA
+# tasks; B=3 surface is "adafuse" and B=3 beam is "beam" (MAIN); λ=3 at B=3 shows the trade-off's other end
+EMBEDDING = ([f"adafuse[exploration=embedding,branches={b}]" for b in (2, 4, 5)] + ["adafuse[exploration=embedding]"]
+             + ["adafuse[exploration=embedding,explore_lambda=3]"])
+SURFACE_BEAM = ([f"adafuse[branches={b}]" for b in (2, 4, 5)]
+                + [f"adafuse[branches={b},diversity=false]" for b in (2, 4, 5)])
 
 
 def jobs(n_qa: int, n_gsm: int, n_mt: int) -> list[tuple[str, int, list[str], list[str]]]:
@@ -40,6 +46,9 @@ def jobs(n_qa: int, n_gsm: int, n_mt: int) -> list[tuple[str, int, list[str], li
         out += [(task, n_mt, ["beam", "mixture"], []), (task, n_mt, [m for m in MAIN if m not in ("beam", "mixture")], [])]
     out += [(task, n_qa, MAIN, []) for task in ("squad", "nq", "triviaqa")]
     out += [(task, n_qa, ABLATIONS, []) for task in ("nq", "triviaqa")]
+    out += [("squad", n_qa, SURFACE_BEAM[3:], []), ("squad", n_qa, SURFACE_BEAM[:3], [])]  # (NQ, TriviaQA: ABLATIONS)
+    out += [(task, n_qa, part, []) for task in ("squad", "nq", "triviaqa")
+            for part in (EMBEDDING[2:], EMBEDDING[:2])]
     return out
 
 
@@ -115,7 +124,8 @@ def merge(out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--n-qa", type=int, default=50, help="NQ, TriviaQA, SQuAD examples (ablations: NQ, TriviaQA)")
+    ap.add_argument("--n-qa", type=int, default=50,
+                    help="NQ, TriviaQA, SQuAD examples (ablations: NQ, TriviaQA; exploration strategies: all three)")
     ap.add_argument("--n-gsm", type=int, default=20, help="GSM8K problems")
     ap.add_argument("--n-mt", type=int, default=30, help="Flores sentences per direction")
     ap.add_argument("--out", type=Path, default=Path("results"))

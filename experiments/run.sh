@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce docs/results.md with the embedded pair: every method on NQ/TriviaQA/SQuAD (N_QA), GSM8K (N_GSM) and Flores
-# in both directions (N_MT), the ablations on NQ and TriviaQA, then the tables and figures. Results are appended to
+# in both directions (N_MT), the ablations on NQ and TriviaQA (B, diversity, τΔ) and the exploration strategies
+# (surface/embedding/beam × B=2..5) on NQ, TriviaQA and SQuAD, then the tables and figures. Results are appended to
 # results/<task>.jsonl as they come and a rerun resumes; the committed per-example results (results/*.jsonl.gz) are
 # unpacked first, so with the default sizes (the ones in docs/results.md) a rerun only rebuilds the report.
 #   rm results/*.jsonl*; experiments/run.sh           # everything from scratch: about 3 hours on 2 CPU cores

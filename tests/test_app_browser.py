@@ -99,6 +99,13 @@ def fresh(pg, label: str | None = None, needle: str = ""):
         pick_example(pg, label, needle)
 
 
+def upload_trace(pg, path) -> None:
+    """Pick a trace file with the "Load a saved trace" button (a file chooser, as a person would)."""
+    with pg.expect_file_chooser() as chooser:
+        pg.locator("#af-upload").click()
+    chooser.value.set_files(str(path))
+
+
 def open_tab(pg, name: str):
     pg.get_by_role("tab", name=name).click()
     time.sleep(0.5)
@@ -153,7 +160,7 @@ def test_run_mode_renders_every_view_and_exports(page, tmp_path):
     assert data["rounds"] and data["output"]
     pg.locator("#af-reset").click()
     wait_status(pg, "reset", fail_on_error=False)
-    pg.locator("#af-upload input[type=file]").set_input_files(str(path))
+    upload_trace(pg, str(path))
     wait_status(pg, "loaded a trace", 60)
     shown = pg.locator("#af-fused .af-out").inner_text().replace("⏎", "")
     assert "".join(shown.split()) == "".join(data["output"].split())  # the loaded trace's text, span by span
@@ -199,7 +206,7 @@ def test_step_is_refused_while_a_run_decodes(page):
     pg.locator("#af-run").click()
     wait_status(pg, "round 1", 200)
     pg.locator("#af-step").click()
-    wait_status(pg, "Step is not available while", 30)
+    pg.locator(".toast-body", has_text="Step is not available while").wait_for(timeout=30_000)
     pg.locator("#af-cancel").click()
     wait_status(pg, "cancelled", 60)
 
@@ -235,7 +242,8 @@ def test_decision_tree_branches_and_token_view(page):
     fresh(pg, "Chat · three colours", "primary colors")
     pg.get_by_label("Also run each model alone (greedy)").uncheck()
     pg.locator("#af-run").click()
-    wait_status(pg, "✓ done")
+    assert "gemma3-270m has no chat template" in wait_status(pg, "✓ done")  # chat read raw: said on the page
+    assert "read raw (no chat template): gemma3-270m" in pg.locator("#af-fused .af-legend").inner_text()
     open_tab(pg, "Tree")
     nodes = pg.locator("#af-tree button[data-node]")
     assert nodes.count() > 0, "no round had a candidate that was not chosen"
@@ -287,7 +295,7 @@ def test_keyboard_run_and_accessibility_audit(page):
     end = time.time() + 30  # earlier tests' notifications (Gradio's toasts) close on their own
     while pg.locator(".toast-body").count() and time.time() < end:
         time.sleep(0.5)
-    for tab in ("Fused vs alone", "Pool", "Rounds & cost"):
+    for tab in ("Fused vs alone", "Pool", "Tree", "Rounds & cost", "Export / load trace"):
         open_tab(pg, tab)
         pg.add_script_tag(path=str(AXE))
         found = pg.evaluate(AUDIT)
@@ -311,6 +319,51 @@ def test_model_list_errors_are_explained(page):
     assert pg.locator("#af-models .token").count() == 2
 
 
+def test_a_bad_trace_file_is_refused_and_the_session_stays(page, tmp_path):
+    pg = page
+    fresh(pg, "QA · author of Hamlet", "Hamlet")
+    pg.locator("#af-run").click()
+    wait_status(pg, "✓ done")
+    shown = pg.locator("#af-fused .af-out").inner_text()
+    open_tab(pg, "Export / load trace")
+    with pg.expect_download() as dl:
+        pg.locator("#af-download").click()
+    data = json.loads(Path(dl.value.path()).read_text())
+    data["rounds"][0]["chosen"] = 99
+    bad = tmp_path / "broken-trace.json"
+    bad.write_text(json.dumps(data))
+    upload_trace(pg, str(bad))
+    text = wait_status(pg, "Error", 60)
+    assert "rounds[0].chosen is 99" in text and "/tmp/" not in text, text
+    assert pg.locator("#af-fused .af-out").inner_text() == shown  # the session is as it was
+    pg.locator("#af-step").click()  # and still works
+    wait_status(pg, "round 0 decided", 200, fail_on_error=False)
+
+
+def test_model_weights_steer_the_fused_score_and_show_in_the_pool(page):
+    pg = page
+    fresh(pg, "QA · author of Hamlet", "Hamlet")
+    pg.get_by_text("Model weights in the fused score").click()
+    box = pg.locator("#af-weight-1 input[type=number]")
+    assert "gemma3-270m" in pg.locator("#af-weight-1").inner_text()  # labelled by its model
+    box.fill("3")
+    box.press("Tab")
+    pg.locator("#af-exploration").get_by_label("embedding").check()  # and exploration diverse in meaning
+    time.sleep(1)
+    pg.locator("#af-run").click()
+    wait_status(pg, "✓ done")
+    open_tab(pg, "Pool")
+    title = pg.locator("#af-pool .gtitle").text_content()
+    legend = pg.locator("#af-pool .legend").text_content()
+    assert "gemma3-270m ×3" in legend, (title, legend)
+    picks = pg.locator("#af-picks").inner_text()
+    assert "embedding" in picks and "picked 1st" in picks, picks[:400]  # why each first token was explored
+    pg.screenshot(path=str(SHOTS / "pool-weights-picks.png"), full_page=True)
+    box.fill("1")
+    box.press("Tab")
+    pg.locator("#af-exploration").get_by_label("surface").check()
+
+
 def test_narrow_screen_puts_the_prompt_first_and_nothing_overflows(page, tmp_path):
     from adafuse.trace import Candidate, ModelStep, Round, Trace
     long = "🙂" * 120 + " https://example.org/" + "a" * 300 + " " + "巴黎是法国的首都" * 30
@@ -328,7 +381,7 @@ def test_narrow_screen_puts_the_prompt_first_and_nothing_overflows(page, tmp_pat
         pg.get_by_text("AdaFuse Explorer").first.wait_for()
         assert pg.locator("#af-prompt").bounding_box()["y"] < pg.locator("#af-settings").bounding_box()["y"]
         open_tab(pg, "Export / load trace")
-        pg.locator("#af-upload input[type=file]").set_input_files(str(path))
+        upload_trace(pg, str(path))
         wait_status(pg, "loaded a trace", 60)
         assert pg.locator("#af-cancel").is_disabled()  # a loaded trace: nothing to cancel
         open_tab(pg, "Fused vs alone")

@@ -222,3 +222,18 @@ def test_fixed_span_commits_n_words_from_every_model():
     _, r = first_round(DecodeConfig(method="fixed-span", span_words=2))
     assert [s.mode for s in r.steps] == ["span", "span"]
     assert {c.text for c in r.candidates} == {" Paris is", " London is"}
+
+
+def test_static_weights_decide_the_pool_and_are_recorded():
+    """Σ w·NLL / Σ w: weighting the unsure model heavily lets its candidate win; the round records the weights,
+    and the trace round-trips through JSON."""
+    _, equal = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1))
+    _, heavy = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1, weights=(1, 20)))
+    assert equal.weights == {} and heavy.weights == {"a": 1.0, "b": 20.0}
+    for c in heavy.candidates:
+        if c.fused is not None:
+            assert c.fused == pytest.approx((c.nll["a"] + 20 * c.nll["b"]) / 21)
+    assert equal.candidates[equal.winner].text == " Paris" and heavy.candidates[heavy.winner].text == " London"
+    d = AdaFuse(pair(), DecodeConfig(tau=0.7, branches=3, max_words=1, weights=(1, 20))).start("Q")
+    d.step()
+    assert Trace.from_dict(d.trace.to_dict()).rounds[0].weights == {"a": 1.0, "b": 20.0}

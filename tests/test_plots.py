@@ -67,7 +67,7 @@ def test_pool_hover_names_models_in_full_and_labels_the_end_readably():
 def test_pool_figure_bars_per_model_fused_markers_and_winner():
     fig = plots.pool_figure(trace(), 1)
     names = [t.name for t in fig.data]
-    assert names == ["NLL a", "NLL b", "fused (mean)"]
+    assert names == ["NLL a", "NLL b", "fused (mean over models)"]
     assert list(fig.data[2].y) == [0.3, 1.2, 2.0]
     texts = [a.text for a in fig.layout.annotations]
     assert "★ winner" in texts and "✎ your pick" in texts

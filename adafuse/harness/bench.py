@@ -1,6 +1,7 @@
 """Benchmark: `python -m adafuse.harness.bench` prints per-method cost on TriviaQA and GSM8K with the bundled pair,
 each ensemble method run twice: models one after another (sequential, every core for each model) and side by side
-(parallel, one worker per model with the cores shared out)."""
+(parallel, one worker per model with the cores shared out); AdaFuse B=3 with exploration="embedding" adds what choosing
+the explored first tokens costs per uncertain round, beside the surface strategy's."""
 from __future__ import annotations
 
 import argparse
@@ -72,23 +73,35 @@ def main(argv=None) -> int:
                      ("mixture (ME, greedy words)", dict(method="mixture", temperature=0.0))):
         methods[f"{name} sequential"] = dict(kw, parallel=False)
         methods[f"{name} parallel"] = dict(kw, parallel=True)
+    # exploration by meaning (selection.py): its selection's cost per uncertain round is printed below the table
+    methods["AdaFuse B=3 embedding sequential"] = dict(branches=3, exploration="embedding", parallel=False)
     work = tasks(args.data, args.trivia, args.gsm8k)
-    rows, quarters, peaks = [], {}, {}
+    rows, quarters, peaks, selecting = [], {}, {}, []
     sink = args.out.open("w") if args.out else None
     for task in ("triviaqa", "gsm8k"):
         items = [(prompt, cfg) for t, prompt, cfg in work if t == task]
         if not items:
             continue
         stats: dict[str, dict] = {}
-        def ensemble(prompt, cfg, kw):
+        sel: dict[str, list] = {}
+
+        def ensemble(prompt, cfg, kw, name):
             d = AdaFuse(models, cfg, tau=0.7, **kw).start(prompt)
             for _ in d:
                 pass
+            # selection seconds, selections, explore-round seconds, decode seconds, explore rounds
+            acc = sel.setdefault(name, [0.0, 0, 0.0, 0.0, 0])
             for s in d.sessions:
                 peaks[s.name] = max(peaks.get(s.name, 0), s.peak_side_bytes)
+                acc[0] += s.selection_seconds
+                acc[1] += s.selections_made
+            explored = [r for r in d.trace.rounds if any(st.mode == "explore" for st in r.steps)]
+            acc[2] += sum(r.seconds for r in explored)
+            acc[4] += len(explored)
+            acc[3] += sum(r.seconds for r in d.trace.rounds)
             return d.trace
 
-        runs = [(name, lambda pr, c, kw=kw: ensemble(pr, c, kw)) for name, kw in methods.items()]
+        runs = [(name, lambda pr, c, kw=kw, name=name: ensemble(pr, c, kw, name)) for name, kw in methods.items()]
         runs += [(f"{lm.name} alone", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
         if args.only:
             runs = [(n, fn) for n, fn in runs if any(o in n for o in args.only)]
@@ -132,7 +145,21 @@ def main(argv=None) -> int:
             row["slower model ms"] = round(1000 * st["slower"] / rounds)
             row["models' sum ms"] = round(1000 * st["sum"] / rounds)
             rows.append(row)
+        for name, (secs, count, explore_s, decode_s, n_explored) in sel.items():
+            if count:
+                selecting.append({"task": task, "method": name, "explore steps": count, "explore rounds": n_explored,
+                                  "selection ms/step": round(1000 * secs / count, 2),
+                                  "explore round ms": round(1000 * explore_s / max(1, n_explored), 1),
+                                  "% of explore rounds": round(100 * secs / explore_s, 2) if explore_s else None,
+                                  "% of decode": round(100 * secs / decode_s, 2) if decode_s else None})
     print(format_table(rows))
+    if selecting:
+        print("\nChoosing the explored first tokens (adafuse/selection.py) once per uncertain word start (an explore")
+        print("step: top-k, decoding the candidates' texts and, for 'embedding', one gather of embedding rows, a")
+        print("k x k kernel and the greedy picks); 'explore round ms': wall time of a round in which some model")
+        print("explored; '% of explore rounds': selection seconds over those rounds' wall seconds (target for")
+        print("'embedding': at most 5 %):")
+        print(format_table(selecting))
     print("\nPeak prefix copy per model (largest batch: exploration, beam or scoring rows × cached prefix):")
     for lm in models:
         line = f"  {lm.name}: {peaks.get(lm.name, 0) / 2**20:,.1f} MiB"

@@ -128,8 +128,11 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
         bar = tqdm(total=len(todo), desc=task.name, unit="run", file=sys.stderr)
     with out.open("a", encoding="utf-8") as sink:
         for no, ex, run in todo:
-            cfg = DecodeConfig(**{"stop": task.stop, "max_new_words": task.max_new_words,
-                                  "max_new_tokens": 4 * task.max_new_words, **(base or {}), **run.settings})
+            settings = {"stop": task.stop, "max_new_words": task.max_new_words,
+                        "max_new_tokens": 4 * task.max_new_words, **(base or {}), **run.settings}
+            if len(run.models) == 1:  # a model alone: the ensemble's per-model weights do not apply
+                settings.pop("weights", None)
+            cfg = DecodeConfig(**settings)
             t0 = time.perf_counter()
             trace = AdaFuse([models[n] for n in run.models], cfg).generate(task.prompt(head, ex["question"]))
             pred = task.extract(trace.output)

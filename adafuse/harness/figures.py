@@ -80,6 +80,7 @@ def margins_figure(trace: Trace | None) -> go.Figure:
         fig.add_hline(y=tau, line=dict(color="#6b7280", dash="dash"), annotation_text=f"τΔ = {tau}",
                       annotation_position="top left")
     fig.update_yaxes(range=[-0.02, 1.05])
+    fig.update_xaxes(tickformat="d", dtick=max(1, len(trace.rounds) // 10))  # rounds are whole numbers
     return _layout(fig, title, "round", "Δ")
 
 
@@ -99,8 +100,10 @@ def pool_figure(trace: Trace | None, index: int | None = None, pending: Round | 
                              hovertext=[_hover(c, model) for c in r.candidates],
                              hovertemplate="%{x}<br>NLL %{y:.3f} · %{hovertext}<extra></extra>"))
     fused = [c.fused for c in r.candidates]
-    fig.add_trace(go.Scatter(x=labels, y=fused, mode="markers", name="fused (mean)",
-                             hovertemplate="%{x}<br>fused NLL %{y:.3f} (mean over models)<extra></extra>",
+    weights = getattr(r, "weights", {}) or {}
+    how = "weighted mean: " + ", ".join(f"{m} ×{w:g}" for m, w in weights.items()) if weights else "mean over models"
+    fig.add_trace(go.Scatter(x=labels, y=fused, mode="markers", name=f"fused ({how})",
+                             hovertemplate=f"%{{x}}<br>fused NLL %{{y:.3f}} ({how})<extra></extra>",
                              marker=dict(symbol="diamond", size=13, color=FUSED_COLOR)))
     win = labels[r.winner]
     fig.add_annotation(x=win, y=max([v for v in fused if v is not None] or [0]) * 1.08 + 0.05,
