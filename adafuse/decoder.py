@@ -61,6 +61,7 @@ class Decoding:
         # text that ends the answer wherever it appears: the stop strings and every model's end-token strings
         self.enders = tuple(config.stop) + tuple(sorted({e for lm in self.models for e in lm.end_strings()}))
         self.pending: Round | None = None
+        self._next_config: DecodeConfig | None = None  # `reconfigure` while a round is pending
         self.done = False
         self.method.start(self)
 
@@ -214,6 +215,8 @@ class Decoding:
         r.seconds += time.perf_counter() - t0
         self.trace.rounds.append(r)
         self.trace.output = new
+        if self._next_config is not None:  # settings changed while this round was pending: from the next one on
+            self.config, self._next_config = self._next_config, None
         self.trace.seconds += r.seconds
         self.pending = None
         if stop:
@@ -249,7 +252,7 @@ class Decoding:
     def reconfigure(self, config: DecodeConfig) -> dict:
         """Change settings that only steer later rounds (LIVE_SETTINGS) from the next undecided round on; the trace
         records each change. Anything else (models, prompt, mode, stop strings, method) needs a new decode."""
-        old, new = self.config.to_dict(), config.to_dict()
+        old, new = (self._next_config or self.config).to_dict(), config.to_dict()
         fixed = sorted(k for k in new if k not in LIVE_SETTINGS and new[k] != old[k])
         if fixed:
             raise ConfigError(f"{', '.join(fixed)} cannot change during a decode: start a new one")
@@ -258,8 +261,11 @@ class Decoding:
         if config.weights and len(config.weights) != len(self.models):
             raise ConfigError(f"weights has {len(config.weights)} values for {len(self.models)} models")
         if changed and not self.done:
-            self.config = config
-            start = len(self.trace.rounds) + (self.pending is not None)  # a decided round keeps its settings
+            if self.pending is not None:  # the decided round keeps its settings, its commit (stop caps) included
+                self._next_config = config
+            else:
+                self.config = config
+            start = len(self.trace.rounds) + (self.pending is not None)
             self.trace.changes.append({"from_round": start, "settings": changed})
         return changed
 

@@ -58,7 +58,8 @@ class AdaFuse(Method):
 
     def start(self, d):
         d.selections = {}
-        if d.config.exploration == "embedding":  # before any round (a served model has no embedding rows here)
+        diverse = d.config.diversity if self.diversity is None else self.diversity
+        if d.config.exploration == "embedding" and diverse:  # before any round (a served model has no embeddings)
             for s in d.sessions:
                 if s.token_embeddings(s.ids[-1:]) is None:
                     raise ConfigError(NO_WEIGHTS.format(name=s.name))

@@ -139,8 +139,8 @@ class Trace:
         if not isinstance(self.settings, dict):
             bad("settings", "must be an object")
         for i, ch in enumerate(self.changes if isinstance(self.changes, list) else [None]):
-            if not isinstance(ch, dict) or not isinstance(ch.get("from_round"), int) or not isinstance(
-                    ch.get("settings"), dict):
+            if not isinstance(ch, dict) or not isinstance(ch.get("from_round"), int) or isinstance(
+                    ch.get("from_round"), bool) or ch["from_round"] < 0 or not isinstance(ch.get("settings"), dict):
                 bad(f"changes[{i}]", "must be {from_round: round index, settings: {...}}")
         for i, r in enumerate(self.rounds):
             at = f"rounds[{i}]"
@@ -172,7 +172,12 @@ class Trace:
                 toks = sel.get("tokens", []) if isinstance(sel, dict) else None
                 if not isinstance(toks, list) or not all(
                         isinstance(x, dict) and isinstance(x.get("picked"), bool)
-                        and all(num(x.get(f)) for f in ("p", "penalty", "score")) for x in toks):
+                        and all(num(x.get(f)) for f in ("p", "penalty", "score"))
+                        and all(num(x.get(f), none=True) for f in ("similarity", "logp"))
+                        and all(x.get(f) is None or isinstance(x.get(f), int) and not isinstance(x.get(f), bool)
+                                for f in ("rank", "order", "like"))
+                        and isinstance(x.get("text", ""), str) for x in toks) \
+                        or not all(num(sel.get(f), none=True) for f in ("lambda", "bandwidth")):
                     bad(f"{at}.steps[{j}].selection", "must be an object whose tokens each have p, penalty, score "
                         "numbers and a picked flag")
             for j, c in enumerate(r.candidates):

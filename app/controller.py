@@ -126,6 +126,7 @@ class Explorer:
             self.confirm_key = key
             return "confirm", " and ".join(what)
         live = [f"{_SETTING_NAMES.get(k, k)} {old[k]} → {new[k]}" for k in LIVE_SETTINGS if new[k] != old[k]]
+        self.confirm_key = None
         return "continue", ", ".join(live)
 
     def request_cancel(self) -> bool:
@@ -276,7 +277,8 @@ def _index(value, what: str) -> int:
 _SETTING_NAMES = {"tau": "τΔ", "max_words": "M", "branches": "B", "diversity": "diverse exploration",
                   "max_new_words": "Max new words", "max_new_tokens": "Max new tokens", "mode": "the prompt mode",
                   "stop": "the stop strings", "method": "the method", "system": "the system prompt",
-                  "thinking": "the thinking switch"}
+                  "thinking": "the thinking switch", "exploration": "exploration", "explore_lambda": "λ",
+                  "weights": "the weights"}
 
 STOPS = {"max_new_words": "reached Max new words", "max_new_tokens": "reached Max new tokens (raise it to go on)",
          "eos": "the answer ended", "stop string": "a stop string", "context full": "a model's context window is full",

@@ -365,7 +365,7 @@ def build_demo() -> gr.Blocks:
             ex = ex or Explorer()
             ex.trust_remote_code = bool(allow)
             if ex.running:
-                yield (ex, *only_status("A Run is already decoding in this session: wait, or press ■ Cancel."))
+                yield (ex, *only_status("A decode is already running in this session: wait, or press ■ Cancel."))
                 return
             try:
                 cfg = _settings(*s)
@@ -388,10 +388,14 @@ def build_demo() -> gr.Blocks:
                     for name in ex.run_singles(names, cfg, prompt_text, dev):
                         yield (ex, *render(ex, f"… {name} alone done", export=False))
                 ex.running = False
-                if ex.cancel_requested:
+                if ex.cancel_requested and d.trace.stop_reason in (None, "cancelled"):
                     d.cancel()
                     yield (ex, *render(ex, f"■ cancelled after round {len(d.trace.rounds)}: the "
                                            f"{d.trace.words} words so far are kept", loaded=True))
+                    return
+                if ex.cancel_requested:  # the fused decode had finished: only the comparisons were stopped
+                    yield (ex, *render(ex, f"■ cancelled the comparisons; the fused decode had finished: "
+                                           f"{d.trace.words} words, {stop_note(d.trace)}", loaded=True))
                     return
                 yield (ex, *render(ex, f"✓ done: {d.trace.words} words in {len(d.trace.rounds)} rounds "
                                        f"({d.trace.seconds:.1f}s), {stop_note(d.trace)}", loaded=True))
@@ -409,6 +413,7 @@ def build_demo() -> gr.Blocks:
                 msg = "Step is not available while ▶ Run is decoding: wait for it to end, or press ■ Cancel first."
                 gr.Warning(msg)
                 return (ex, *only_status(msg))
+            ex.running, ex.cancel_requested = True, False  # Run, Branch, loading wait; Cancel waits for the phase
             try:
                 cfg = _settings(*s)
                 kind, what = ex.plan(names, cfg, prompt_text, dev)
@@ -424,14 +429,21 @@ def build_demo() -> gr.Blocks:
                     note = "started"
                 if what and not fresh:
                     note += f" · {what} from round {d.trace.changes[-1]['from_round']}"
-                if not d.done:
+                if ex.cancel_requested:  # Cancel pressed while this step ran
+                    d.cancel()
+                    note += "; cancelled"
+                elif not d.done:
                     p = d.propose()
                     note += f"; round {p.index} decided — pick a candidate or press Step to accept the winner"
                 else:
                     note += f"; finished ({stop_note(d.trace)})"
+                ex.running = False
                 return (ex, *render(ex, f"› {html.escape(note)}", loaded=True))
             except Exception as exc:  # noqa: BLE001
+                ex.running = False
                 return (ex, *_error(ex, exc))
+            finally:
+                ex.running = False
 
         def on_cancel(ex):
             ex = ex or Explorer()
@@ -542,11 +554,12 @@ def build_demo() -> gr.Blocks:
                                   [state, *outputs],
                                   concurrency_limit=2, concurrency_id="decode")
         cancel_btn.click(on_cancel, [state], [state, *outputs])
-        reset_btn.click(on_reset, [state], [state, *outputs], cancels=[run_evt, step_evt])
+
         round_sel.input(on_round, [state, round_sel], [pool_plot, picks_df], show_progress="hidden")  # keys too
         upload.upload(on_upload, [state, upload], [state, *outputs])
-        branch_btn.click(on_branch, [state, branch_round, branch_cand], [state, *outputs],
+        branch_evt = branch_btn.click(on_branch, [state, branch_round, branch_cand], [state, *outputs],
                          concurrency_limit=2, concurrency_id="decode")
+        reset_btn.click(on_reset, [state], [state, *outputs], cancels=[run_evt, step_evt, branch_evt])
         tok_btn.click(on_tokens, [state, tok_round, tok_cand], [tok_view], concurrency_limit=2,
                       concurrency_id="decode")
     return demo

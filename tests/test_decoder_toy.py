@@ -237,3 +237,17 @@ def test_static_weights_decide_the_pool_and_are_recorded():
     d = AdaFuse(pair(), DecodeConfig(tau=0.7, branches=3, max_words=1, weights=(1, 20))).start("Q")
     d.step()
     assert Trace.from_dict(d.trace.to_dict()).rounds[0].weights == {"a": 1.0, "b": 20.0}
+
+
+def test_a_setting_changed_while_a_round_is_pending_applies_from_the_next_round():
+    from dataclasses import replace
+    cfg = DecodeConfig(tau=0.7, max_words=1, max_new_words=10)
+    d = AdaFuse(pair(), cfg).start("Q")
+    d.propose()
+    assert d.reconfigure(replace(cfg, max_new_words=1)) == {"max_new_words": 1}
+    r = d.commit()  # decided and committed under the old cap
+    assert r.stop is None and not d.done and d.config.max_new_words == 1
+    assert d.trace.changes == [{"from_round": 1, "settings": {"max_new_words": 1}}]
+    assert d.commit().stop == "max_new_words"  # the new cap binds from round 1
+    with pytest.raises(ConfigError):
+        AdaFuse(pair(), cfg).start("Q").reconfigure(replace(cfg, mode="chat"))
