@@ -6,6 +6,7 @@ from adafuse.decoder import MAX_MODELS
 from adafuse.errors import AdafuseError, ConfigError, PromptError
 from adafuse.loading import loaded_models
 
+from .controller import parse_stops
 from .gpu import gpu
 
 
@@ -25,7 +26,7 @@ def _model_names(models: list[str] | str) -> list[str]:
 def _stops(stop: list[str] | str) -> tuple[str, ...]:
     """A list of stop strings as they are, or one string of them, one per line, \\n and \\t written as escapes."""
     if isinstance(stop, str):
-        return tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in stop.splitlines() if s.strip())
+        return parse_stops(stop)
     if not isinstance(stop, list):
         raise ConfigError(f"stop={stop!r} is invalid: give a list of stop strings or one string, one per line")
     return tuple(stop)
