@@ -41,7 +41,7 @@ class Decoding:
         _validate(self.models, config, prompt)  # every check before any model prefills
         t0 = time.perf_counter()
         # each phase of a round runs the models side by side (one worker each) or one after another: `parallel`
-        # True/False, or None to choose (side by side when a model is on a GPU or a server; see `Workers`);
+        # True/False, or None to choose (side by side when each model has its own GPU, server or the CPU; see `Workers`);
         # `threads`: torch CPU threads per worker (default: the cores shared out)
         self.workers = Workers(self.models, parallel, threads)
         weakref.finalize(self, self.workers.close)

@@ -28,13 +28,21 @@ def _served(model) -> bool:
     return isinstance(model, RemoteModel)
 
 
+def _place(model, device: torch.device) -> str:
+    """Where a model computes: its server, its GPU, or this machine's CPU (every CPU model shares the one place)."""
+    if _served(model):
+        return f"server {model.url}"
+    return "cpu" if device.type == "cpu" else str(device)
+
+
 class Workers:
     """Runs `fn(i)` for model indices: concurrently, one worker thread per distinct loaded model, or (`parallel`
     False) one after another in the caller's thread; with the same torch thread budget the two ways give the same
-    numbers bit for bit. A single model runs in the caller's thread. `parallel` None: side by side when some model
-    computes off this machine's CPU (a GPU, a server); models that all run on the CPU go one after another with every
-    core each, which on a small CPU is faster (their matrix products use every core: on 2 cores a model runs 1.65×
-    faster on two threads than on one)."""
+    numbers bit for bit. A single model runs in the caller's thread. `parallel` None: side by side when every model
+    computes in a place of its own (its own GPU, its own server, or the only one on this machine's CPU); models that
+    share a place go one after another, which measured faster: on 2 CPU cores a model runs 1.65× faster on two threads
+    than on one, and two 8B models on one H200 took 1.2–1.8× longer per word side by side than one after another
+    (README, GPU check)."""
 
     def __init__(self, models: Sequence, parallel: bool | None = None, threads: int | None = None):
         groups: dict[int, int] = {}
@@ -42,8 +50,8 @@ class Workers:
         self.devices = [m.device for m in models]
         # models computing on this machine's CPU share its cores; GPUs and servers compute elsewhere
         cpu = {self.group[i] for i, m in enumerate(models) if self.devices[i].type == "cpu" and not _served(m)}
-        if parallel is None:  # side by side unless every model needs every core of this machine
-            parallel = len(cpu) < len(groups)
+        if parallel is None:  # side by side only where each model computes in a place of its own
+            parallel = len({_place(m, self.devices[i]) for i, m in enumerate(models)}) == len(groups)
         self.parallel = bool(parallel)
         self.enabled = len(groups) > 1
         self.given = threads  # one after another, the caller's thread runs the models: its budget, unless given

@@ -132,11 +132,19 @@ def test_models_on_cuda_decode_with_true_seconds():
         assert cost["forward_passes"] > 0 and cost["seconds"] > 0
 
 
-def test_the_default_runs_cpu_models_one_after_another_and_others_side_by_side():
+def test_the_default_puts_models_side_by_side_only_in_places_of_their_own():
     class OnGPU:
         device = torch.device("cuda", 0)
 
+    class OnGPU1:
+        device = torch.device("cuda", 1)
+
     assert not Workers([FakeModel(), FakeModel()]).parallel  # both need every core of this machine
+    assert not Workers([OnGPU(), OnGPU()]).parallel  # one shared GPU: measured slower side by side (README)
     mixed = Workers([FakeModel(), OnGPU()])
     assert mixed.parallel and mixed.threads == max(1, len(__import__("os").sched_getaffinity(0)))
     mixed.close()
+    two_gpus = Workers([OnGPU(), OnGPU1()])
+    assert two_gpus.parallel
+    two_gpus.close()
+    assert not Workers([OnGPU(), OnGPU1(), FakeModel(), FakeModel()]).parallel  # two share the CPU

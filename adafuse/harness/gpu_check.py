@@ -46,7 +46,7 @@ def prepare(out: Path, data: Path) -> None:
     print(f"wrote {out}: tokenizers of {', '.join(DEFAULT_PAIR)} and {len(prompts)} TriviaQA prompts")
 
 
-def build(shape: str, tokenizer_dir: Path, device: str, tiny: bool) -> LoadedModel:
+def build(shape: str, tokenizer_dir: Path, device: str, tiny: bool, dtype: torch.dtype | None = None) -> LoadedModel:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     spec = dict(SHAPES[shape])
@@ -58,18 +58,22 @@ def build(shape: str, tokenizer_dir: Path, device: str, tiny: bool) -> LoadedMod
     cfg_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (MistralConfig, MistralForCausalLM)
     cfg = cfg_cls(vocab_size=vocab, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                   tie_word_embeddings=False, **spec)
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    name = f"{shape}+{tokenizer_dir.name}" + ("" if dtype is None else f" 2-layer {str(dtype).removeprefix('torch.')}")
+    dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.device(device):
         model = model_cls(cfg).to(dtype)
-    lm = LoadedModel.from_objects(f"{shape}+{tokenizer_dir.name}", model, tok, source=f"random {shape}")
+    lm = LoadedModel.from_objects(name, model, tok, source=f"random {shape}")
     lm.load_seconds = time.perf_counter() - t0
     return lm
 
 
 def check_cache(models: list[LoadedModel], prompt: str) -> list[str]:
-    """Cache reuse on the device matches a fresh forward (dtype-aware tolerance); returns problems."""
+    """Cache reuse on the device matches a fresh forward; returns problems. The tolerance is the model's own: fp32
+    must agree within 1e-4; in bf16 two ways of computing the same logits differ by rounding alone, so the decoder's
+    cached state may differ from a fresh forward by at most twice what Hugging Face's own incremental forward (the
+    prefix, then the last tokens on its cache) differs from the same fresh forward, plus 0.02."""
     problems = []
     d = AdaFuse(models, DecodeConfig(max_new_words=1000, max_new_tokens=10_000, tau=0.0)).start(prompt)
     for _ in range(4):
@@ -78,13 +82,20 @@ def check_cache(models: list[LoadedModel], prompt: str) -> list[str]:
         return [f"the check decode stopped early ({d.trace.stop_reason})"]
     for s in d.sessions:
         ids = s.encode(d.trace.output)
+        x = torch.tensor([ids], device=s.lm.device)
         with torch.inference_mode():
-            fresh = torch.log_softmax(s.lm.model(torch.tensor([ids], device=s.lm.device)).logits[0, -1].float(), -1)
+            fresh = torch.log_softmax(s.lm.model(x).logits[0, -1].float(), -1)
+            cut = max(1, len(ids) - 4)
+            past = s.lm.model(x[:, :cut], use_cache=True).past_key_values
+            inc = torch.log_softmax(s.lm.model(x[:, cut:], past_key_values=past).logits[0, -1].float(), -1)
         err = (fresh - s.next_logprobs).abs().max().item()
-        tol = 1e-4 if s.lm.dtype == torch.float32 else 0.15
-        print(f"  cache vs fresh forward, {s.name}: max |Δ log p| = {err:.4f} (tolerance {tol})")
+        ref = (fresh - inc).abs().max().item()
+        tol = 1e-4 if s.lm.dtype == torch.float32 else 2 * ref + 0.02
+        same_top = int(fresh.argmax()) == int(s.next_logprobs.argmax())
+        print(f"  cache vs fresh forward, {s.name} ({str(s.lm.dtype).removeprefix('torch.')}): max |Δ log p| = "
+              f"{err:.4f}; Hugging Face's own cached forward: {ref:.4f}; tolerance {tol:.4f}; same argmax: {same_top}")
         if err > tol:
-            problems.append(f"{s.name}: cache differs from a fresh forward by {err:.4f}")
+            problems.append(f"{s.name}: cache differs from a fresh forward by {err:.4f} (tolerance {tol:.4f})")
     return problems
 
 
@@ -112,6 +123,11 @@ def main(argv=None) -> int:
     for lm in models:
         print(f"  {lm.describe()}", flush=True)
     problems = check_cache(models, prompts[0])
+    if device != "cpu":  # the same CUDA path in fp32, where the cache must match to 1e-4 (2 layers: seconds)
+        small = [build(shape, args.dir / name, device, True, torch.float32)
+                 for shape, name in (("llama-3.1-8b", DEFAULT_PAIR[0]), ("mistral-7b", DEFAULT_PAIR[1]))]
+        problems += check_cache(small, prompts[0])
+        del small
     rows, numbers = [], {}
     runs = [(f"{lm.name} greedy", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
     for b in (1, 3):
@@ -128,13 +144,15 @@ def main(argv=None) -> int:
         words = rounds = 0
         seconds = 0.0
         tokens = {lm.name: 0 for lm in models}
+        forwards = 0
         for prompt in prompts:
             tr = fn(prompt, cfg)
             words, rounds = words + tr.words, rounds + len(tr.rounds)
             seconds += sum(r.seconds for r in tr.rounds)
+            forwards += sum(s.forward_passes for r in tr.rounds for s in r.steps)
             for lm in models:
                 tokens[lm.name] += len(lm.tokenizer(tr.output, add_special_tokens=False).input_ids)
-        numbers[name] = {"words": words, "rounds": rounds, "seconds": seconds, "tokens": tokens,
+        numbers[name] = {"words": words, "rounds": rounds, "seconds": seconds, "tokens": tokens, "forwards": forwards,
                          "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device != "cpu" else None}
         print(f"  {name}: {words} words, {rounds} rounds, {seconds:.1f}s", file=sys.stderr, flush=True)
     # what each model alone takes to write the same text: its greedy seconds per token × the text's tokens in its
@@ -146,6 +164,7 @@ def main(argv=None) -> int:
         alone = sum(per_token[m] * t for m, t in n["tokens"].items())
         row = {"run": name, "words": n["words"], "rounds": n["rounds"], "s/word": round(per_word, 3),
                "s/round": round(n["seconds"] / max(1, n["rounds"]), 3),
+               "fwd/round": round(n["forwards"] / max(1, n["rounds"]), 1),
                "÷ sum of greedy": round(n["seconds"] / alone, 2) if "AdaFuse" in name and alone else "",
                "official s/round": next((OFFICIAL_S_PER_ROUND[b] for b in (1, 3)
                                          if f"B={b} τΔ=0.7" in name), ""),
