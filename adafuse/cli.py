@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "template's default")
     run.add_argument("--weights", type=float, nargs="+", default=[], metavar="W",
                      help="one weight per model, in --models order: fused score = Σ w·NLL / Σ w (default: equal)")
+    run.add_argument("--gate", default="", metavar="PATH",
+                     help="a learned gate file (per-round weights; assets/gates/ has ones for the bundled pair)")
     run.add_argument("--max-new-words", type=int, default=d.max_new_words, help="stop after this many words")
     run.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="stop after this many tokens")
     run.add_argument("--max-word-tokens", type=int, default=d.max_word_tokens, help="a word ends after this many tokens")
@@ -59,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     workers.add_argument("--sequential", dest="parallel", action="store_false",
                          help="run the models one after another (default when every model is on the CPU)")
     run.add_argument("--debug", action="store_true", help="show full stack traces on errors")
+
+    sub.add_parser("gate", help="learn per-model weights from answers: gate train / gate search (see "
+                   "python -m adafuse gate --help)", add_help=False)
 
     from .harness.tasks import DEFAULT_DATA, TASKS
     ev = sub.add_parser("eval", help="evaluate methods on a benchmark task", epilog=EPILOG,
@@ -131,7 +136,7 @@ def run(args) -> int:
                        method=args.method, span_words=args.span_words, mode=args.mode,
                        max_new_words=args.max_new_words, max_new_tokens=args.max_new_tokens,
                        max_word_tokens=args.max_word_tokens, stop=tuple(_unescape(s) for s in args.stop),
-                       system=_unescape(args.system), thinking=args.thinking, weights=tuple(args.weights))
+                       system=_unescape(args.system), thinking=args.thinking, weights=tuple(args.weights), gate=args.gate)
     if not prompt.strip():
         raise PromptError("the prompt is empty: pass --prompt TEXT or --prompt-file PATH with some text")
     models = []
@@ -169,6 +174,14 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gate"]:
+        from .harness.gate_train import main as gate_main
+        try:
+            return gate_main(argv[1:])
+        except AdafuseError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     try:
         return run_eval(args) if args.command == "eval" else run(args)

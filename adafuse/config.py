@@ -62,6 +62,9 @@ class DecodeConfig:
     # per-model weights (empty: equal): the scored methods (adafuse, beam, fixed-span) fuse Σ w·NLL / Σ w; "mixture"
     # draws its writer with these odds
     weights: tuple[float, ...] = ()
+    # a learned gate (adafuse/gate.py): the path of a gate file; each scored round's weights come from what the models
+    # show that round (margin, entropy, confidence, own NLL, position) instead of `weights`. Empty: no gate
+    gate: str = ""
 
     def __post_init__(self) -> None:
         def bad(name: str, value, fix: str) -> ConfigError:
@@ -101,6 +104,8 @@ class DecodeConfig:
         if any(not w >= 0 for w in weights) or (weights and sum(weights) <= 0):
             raise bad("weights", self.weights, "use non-negative numbers, at least one positive")
         object.__setattr__(self, "weights", weights)
+        if not isinstance(self.gate, str):
+            raise bad("gate", self.gate, "use the path of a gate file, or an empty string for none")
         if self.explore_top_k < self.branches:
             object.__setattr__(self, "explore_top_k", self.branches)
 

@@ -10,6 +10,7 @@ from typing import Iterator, Sequence
 from .candidates import Proposal
 from .config import DecodeConfig
 from .errors import ConfigError, PromptError, ReplayError
+from .gate import Gate, entropy, features, load_gate
 from .loading import LoadedModel, get_model
 from .methods import METHODS
 from .parallel import Workers
@@ -25,7 +26,7 @@ from .words import count_words, find_stop
 MAX_MODELS = 4
 # settings that only steer the rounds still to come (`Decoding.reconfigure`)
 LIVE_SETTINGS = ("tau", "max_words", "branches", "diversity", "exploration", "explore_lambda", "max_new_words",
-                 "max_new_tokens", "weights")
+                 "max_new_tokens", "weights", "gate")
 
 
 class Decoding:
@@ -61,6 +62,8 @@ class Decoding:
         # text that ends the answer wherever it appears: the stop strings and every model's end-token strings
         self.enders = tuple(config.stop) + tuple(sorted({e for lm in self.models for e in lm.end_strings()}))
         self.pending: Round | None = None
+        self.gate_object: Gate | None = None
+        self._gated: tuple[dict, dict] | None = None  # this round's gate weights and features, until `propose` uses them
         self._next_config: DecodeConfig | None = None  # `reconfigure` while a round is pending
         self.done = False
         self.method.start(self)
@@ -81,10 +84,11 @@ class Decoding:
         steps, candidates = decided
         _charge(steps, self.sessions, before)
         winner = min(range(len(candidates)), key=lambda i: (candidates[i].fused is None, candidates[i].fused or 0.0, i))
+        weights, feats = self._gated if self._gated is not None else (self.weights() if self.method.scores else {}, {})
+        self._gated = None
         self.pending = Round(index=len(self.trace.rounds), steps=steps, candidates=candidates, chosen=winner,
                              winner=winner, text=candidates[winner].text, words=candidates[winner].words,
-                             seconds=time.perf_counter() - t0,
-                             weights=self.weights() if self.method.scores else {})
+                             seconds=time.perf_counter() - t0, weights=weights, features=feats)
         return self.pending
 
     def _pool_round(self) -> tuple[list[ModelStep], list[Candidate]]:
@@ -100,10 +104,15 @@ class Decoding:
         catch_up = {m for m in self.method.drawn(self)
                     if side_by_side and m not in acting and self.sessions[m].text != output}
 
+        gate = self.gate()
+        entropies: dict[int, float] = {}
+
         def act(m: int):
             s = self.sessions[m]
             if s.text != output:  # a lazy method's model catching up on the words it did not commit
                 s.commit(output)
+            if gate is not None and m in acting:  # what the model shows at the word start, before it proposes
+                entropies[m] = entropy(s.next_logprobs)
             return self.method.propose(self, s, budget) if m in acting else None
 
         moving = sorted(acting | catch_up)
@@ -121,6 +130,8 @@ class Decoding:
             indices = []
             for p in proposals:
                 key = self._ending(p.text, p.eos)
+                if key[1] and not key[0].strip():  # whitespace and then the end: the answer ends here, one event
+                    key = ("", True)
                 if key[0] == "" and not key[1]:
                     continue
                 if key not in keys:
@@ -150,9 +161,30 @@ class Decoding:
                     if c.eos:
                         c.end_term[name] = sc.end_term
             weights = self.weights()
+            if gate is not None:  # this round's weights from what every model shows now
+                feats = {name: features(st.margins[0] if st.margins else None, entropies.get(m, 0.0),
+                                        st.mode == "commit",
+                                        candidates[st.proposals[0]].nll.get(name) if st.proposals else None,
+                                        self.trace.words)
+                         for m, (name, st) in enumerate(zip(self.names, steps))}
+                weights = gate.weights(feats)
+                self._gated = (weights, feats)
             for c in candidates:
                 c.fused = _fuse(c, weights)
         return steps, candidates
+
+    def gate(self) -> Gate | None:
+        """The learned gate of the current settings (checked against these models), or None. `gate_object` (a Gate
+        set on the decoding, as gate training does with its current parameters) takes precedence."""
+        if not self.method.scores:
+            return None
+        if self.gate_object is not None:
+            return self.gate_object
+        if not self.config.gate:
+            return None
+        gate = load_gate(self.config.gate)
+        gate.check_models(self.names)
+        return gate
 
     def weights(self) -> dict[str, float]:
         """Per model, the weight of its NLL in the fused score (`DecodeConfig.weights`); empty: all equal."""
@@ -258,6 +290,8 @@ class Decoding:
             raise ConfigError(f"{', '.join(fixed)} cannot change during a decode: start a new one")
         changed = {k: new[k] for k in LIVE_SETTINGS if new[k] != old[k]}
         check_exploration(self.models, config)
+        if config.gate and self.method.scores:
+            load_gate(config.gate).check_models(self.names)
         if config.weights and len(config.weights) != len(self.models):
             raise ConfigError(f"weights has {len(config.weights)} values for {len(self.models)} models")
         if changed and not self.done:
@@ -321,6 +355,8 @@ def _validate(models: Sequence[LoadedModel], config: DecodeConfig, prompt) -> No
     if config.method == "token-union" and config.union_top_k > vocab:
         raise ConfigError(f"union_top_k={config.union_top_k} is larger than a model's vocabulary ({vocab}): use fewer")
     check_exploration(models, config)  # embedding exploration needs each model's weights here
+    if config.gate and METHODS[config.method].scores:
+        load_gate(config.gate).check_models(_unique_names(models))
 
 
 def _unique_names(models: Sequence[LoadedModel]) -> list[str]:
@@ -372,7 +408,7 @@ class AdaFuse:
 
 def greedy(model: LoadedModel | str, prompt: str, config: DecodeConfig | None = None) -> Trace:
     """One model alone through the same machinery (same words, stops and costs)."""
-    cfg = replace(config or DecodeConfig(), method="greedy", weights=())  # alone: no ensemble weights
+    cfg = replace(config or DecodeConfig(), method="greedy", weights=(), gate="")  # alone: no ensemble weights
     return AdaFuse([model], cfg).generate(prompt)
 
 

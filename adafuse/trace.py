@@ -56,6 +56,8 @@ class Round:
     stop: str | None = None        # why decoding stopped after this round, if it did
     cut: int = 0                   # characters later removed from `text` by a stop string that began here
     weights: dict[str, float] = field(default_factory=dict)  # per model: its weight in the fused score (empty: equal)
+    # a gated round: per model, the features the gate saw (adafuse/gate.py FEATURES order); empty without a gate
+    features: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -155,6 +157,9 @@ class Trace:
                 bad(f"{at}.seconds", "must be a number")
             if not isinstance(r.weights, dict) or not all(m in self.models and num(v) for m, v in r.weights.items()):
                 bad(f"{at}.weights", "must map the trace's models to numbers")
+            if not isinstance(r.features, dict) or not all(
+                    m in self.models and isinstance(v, list) and all(num(x) for x in v) for m, v in r.features.items()):
+                bad(f"{at}.features", "must map the trace's models to lists of numbers")
             if len(r.steps) != len(self.models):
                 bad(f"{at}.steps", f"has {len(r.steps)} entries for {len(self.models)} models")
             for j, st in enumerate(r.steps):

@@ -278,7 +278,7 @@ _SETTING_NAMES = {"tau": "τΔ", "max_words": "M", "branches": "B", "diversity":
                   "max_new_words": "Max new words", "max_new_tokens": "Max new tokens", "mode": "the prompt mode",
                   "stop": "the stop strings", "method": "the method", "system": "the system prompt",
                   "thinking": "the thinking switch", "exploration": "exploration", "explore_lambda": "λ",
-                  "weights": "the weights"}
+                  "weights": "the weights", "gate": "the gate"}
 
 STOPS = {"max_new_words": "reached Max new words", "max_new_tokens": "reached Max new tokens (raise it to go on)",
          "eos": "the answer ended", "stop string": "a stop string", "context full": "a model's context window is full",

@@ -7,14 +7,18 @@ import gradio as gr
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
 from adafuse.decoder import MAX_MODELS
+from adafuse.errors import AdafuseError
 from adafuse.explain import token_view_html, tree_html
+from adafuse.gate import load_gate
 from adafuse.harness.tasks import TASKS, data_source
 from adafuse.report import candidate_label
 
 from . import api, plots
 from .gpu import gpu
-from .controller import (COMPARE_METHODS, EVAL_METHODS, Explorer, device_choices, disagreements, friendly,
+from .controller import (ASSETS, COMPARE_METHODS, EVAL_METHODS, Explorer, device_choices, disagreements, friendly,
                          load_examples, loaded_frame, parse_stops, stop_note, unload)
+
+GATES = ASSETS / "gates"
 
 CSS = """
 /* contrast (WCAG AA): the default theme's subdued text, orange accent and red buttons are too light on white */
@@ -94,14 +98,27 @@ average wins. Hover a span (or Tab to it) to see its round. **Ctrl+Enter** runs,
 THINKING = {"template default": None, "on": True, "off": False}
 
 
+def gate_choices() -> list[tuple[str, str]]:
+    """The shipped learned gates (assets/gates/*.json), labelled by the models and tasks they were trained for."""
+    out = [("none (the weights below)", "")]
+    for path in sorted(GATES.glob("*.json")):
+        try:
+            g = load_gate(path)
+        except AdafuseError:
+            continue
+        tasks = ", ".join(g.trained.get("tasks", [])) or "?"
+        out.append((f"{path.stem}: {' + '.join(g.models)} · trained on {tasks}", str(path)))
+    return out
+
+
 def _settings(names, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
-              system, thinking, *weights) -> DecodeConfig:
+              system, thinking, gate, *weights) -> DecodeConfig:
     picked = [float(w) for w in weights[: len([n for n in names or [] if str(n).strip()])]]
     return DecodeConfig(tau=float(tau), max_words=int(max_words), branches=int(branches), diversity=bool(diversity),
                         exploration=exploration, explore_lambda=float(lam),
                         max_new_words=int(max_new_words), max_new_tokens=int(max_new_tokens), mode=mode,
                         stop=parse_stops(stop), system=(system or "").strip(), thinking=THINKING[thinking],
-                        weights=tuple(picked) if len(set(picked)) > 1 else ())
+                        weights=tuple(picked) if len(set(picked)) > 1 else (), gate=gate or "")
 
 
 def weight_sliders(names):
@@ -301,6 +318,10 @@ def build_demo() -> gr.Blocks:
                     weights = [gr.Slider(0, 5, value=1, step=0.25, label=f"Weight of {n}" if i < len(DEFAULT_PAIR)
                                          else "Weight", visible=i < len(DEFAULT_PAIR), elem_id=f"af-weight-{i}")
                                for i, n in enumerate(list(DEFAULT_PAIR) + [""] * (MAX_MODELS - len(DEFAULT_PAIR)))]
+                    gate = gr.Dropdown(gate_choices(), value="", label="Learned gate (per-round weights)",
+                                       info="Weights each round from what the models show (margin, entropy, "
+                                            "confidence, own NLL, position); replaces the sliders. Trained for "
+                                            "the models it names.", elem_id="af-gate")
                 with gr.Accordion("Chat mode: system prompt and thinking", open=False):
                     system.render()
                     thinking.render()
@@ -341,7 +362,7 @@ def build_demo() -> gr.Blocks:
                    choice, status, download, loaded_df, unload_pick, cancel_btn, tree_view, picks_df]
         assert outputs[STATUS_AT] is status
         settings = [models, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens,
-                    mode, stop, system, thinking, *weights]
+                    mode, stop, system, thinking, gate, *weights]
         api.register()  # /decode and /models for gradio_client
 
         # ---- wiring ----

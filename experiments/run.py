@@ -36,6 +36,26 @@ SURFACE_BEAM = ([f"adafuse[branches={b}]" for b in (2, 4, 5)]
                 + [f"adafuse[branches={b},diversity=false]" for b in (2, 4, 5)])
 
 
+# issue 12: per-model weights and a learned gate, per task family (GSM8K, where no method scores above 0 and so no
+# reward can teach anything, uses the QA family's): the static weights that `python -m adafuse gate search` found best
+# on training examples (results/gate/search-<family>.json) and the gate trained on them (assets/gates/<family>.json)
+FAMILY = {"nq": "qa", "triviaqa": "qa", "squad": "qa", "gsm8k": "qa", "flores-de-en": "mt", "flores-en-de": "mt"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def weighted(task: str) -> list[str]:
+    """The `adafuse+weights` and `adafuse+gate` method specs for a task, where their files exist."""
+    fam, out = FAMILY[task], []
+    search = ROOT / "results" / "gate" / f"search-{fam}.json"
+    if search.exists():
+        best = json.loads(search.read_text())["best"]
+        out.append(f"adafuse+weights=adafuse[weights={'/'.join(f'{w:g}' for w in best)}]")
+    gate = ROOT / "assets" / "gates" / f"{fam}.json"
+    if gate.exists():
+        out.append(f"adafuse+gate=adafuse[gate={gate.relative_to(ROOT)}]")
+    return out
+
+
 def jobs(n_qa: int, n_gsm: int, n_mt: int) -> list[tuple[str, int, list[str], list[str]]]:
     """(task, limit, methods, extra args), roughly longest first."""
     gsm = ["--max-new-words", "120"]
@@ -49,6 +69,9 @@ def jobs(n_qa: int, n_gsm: int, n_mt: int) -> list[tuple[str, int, list[str], li
     out += [("squad", n_qa, SURFACE_BEAM[3:], []), ("squad", n_qa, SURFACE_BEAM[:3], [])]  # (NQ, TriviaQA: ABLATIONS)
     out += [(task, n_qa, part, []) for task in ("squad", "nq", "triviaqa")
             for part in (EMBEDDING[2:], EMBEDDING[:2])]
+    out += [(task, n, [m], gsm if task == "gsm8k" else []) for task, n in
+            (("flores-de-en", n_mt), ("flores-en-de", n_mt), ("squad", n_qa), ("nq", n_qa), ("triviaqa", n_qa),
+             ("gsm8k", n_gsm)) for m in weighted(task)]
     return out
 
 

@@ -52,8 +52,9 @@ def test_uncertain_model_explores_B_distinct_first_tokens():
     b = r.steps[1]
     assert b.mode == "explore" and b.margins == pytest.approx([0.2], abs=1e-6)
     texts = [r.candidates[i].text for i in b.proposals]
-    # "Paris" has the same surface as " Paris" once whitespace is stripped: skipped for "\n".
-    assert texts == [" London", " Paris", "\n"]
+    # "Paris" has the same surface as " Paris" once whitespace is stripped: skipped for "\n", which the model ends
+    # after (<eos>): whitespace and then the end is the end event ("")
+    assert texts == [" London", " Paris", ""] and r.candidates[b.proposals[2]].eos
 
 
 def test_beam_ablation_keeps_near_duplicates():

@@ -172,3 +172,18 @@ def test_the_end_of_the_answer_is_one_event_however_it_is_spelled():
     assert r.candidates[r.winner].text == " Paris"
     # a span that holds a stop string is cut before it and ends the answer
     assert d._ending(" Paris\nQ", False) == (" Paris", True)
+
+
+def test_whitespace_and_then_the_end_is_the_end_event():
+    """" " + "\n" ends the answer with nothing in it, as "\n" does: one pool entry scored by the end term alone,
+    not a two-token candidate whose near-certain second token halves the cost of ending (the empty Flores answers)."""
+    rules = {"Q": {" ": 0.3, " Paris": 0.28, " London": 0.27, "\n": 0.05}, " ": {"\n": 0.99},
+             " Paris": {"<eos>": 0.9}, " London": {"<eos>": 0.9}}
+    from tests.toy import toy_model
+    vocab = ["Q", " Paris", " London", " ", "\n"]
+    d, r = first_round(DecodeConfig(tau=0.9, branches=3, stop=("\n",)),
+                       [toy_model("a", vocab, rules), toy_model("b", vocab, rules)])
+    ends = [c for c in r.candidates if c.eos and not c.text.strip()]
+    assert [c.text for c in ends] == [""] and ends[0].n_tokens["a"] == 1
+    assert r.candidates[r.winner].text == " Paris"  # averaged with its sure newline, " " + end would have won
+    assert d.commit().text == " Paris"

@@ -47,9 +47,14 @@ def _value(raw: str):
 
 def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
     """Method specs: adafuse, beam, token-union, mixture, fixed-span-N, greedy (each model alone), greedy:MODEL,
-    any of them with settings in brackets: adafuse[branches=5,tau=0.5,diversity=false]."""
+    any of them with settings in brackets: adafuse[branches=5,tau=0.5,diversity=false]; weights are separated by
+    slashes (adafuse[weights=1/4]). `LABEL=SPEC` names a run: adafuse+gate=adafuse[gate=assets/gates/qa.json]."""
     runs = []
     for spec in specs:
+        label, eq, rest = spec.strip().partition("=")
+        named = bool(eq) and "[" not in label and re.fullmatch(r"[\w+.:-]+", label) is not None
+        if named:
+            spec = rest
         m = _SPEC.match(spec.strip())
         name = m and m.group("name")
         span = re.fullmatch(r"fixed-span-(\d+)", name or "")
@@ -64,12 +69,19 @@ def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
             key, _, raw = part.partition("=")
             if key.strip() not in DecodeConfig.__dataclass_fields__:
                 raise ConfigError(f"unknown setting {key.strip()!r} in {spec!r}")
+            if key.strip() == "weights":
+                try:
+                    settings["weights"] = tuple(float(x) for x in raw.split("/"))
+                except ValueError:
+                    raise ConfigError(f"weights in {spec!r}: use numbers separated by slashes, e.g. weights=1/4") \
+                        from None
+                continue
             settings[key.strip()] = _value(raw)
         if base == "greedy":
             targets = [m.group("model")] if m.group("model") else models
             runs += [MethodRun(f"greedy:{t}", [t], settings) for t in targets]
         else:
-            runs.append(MethodRun(spec.strip(), list(models), settings))
+            runs.append(MethodRun(label if named else spec.strip(), list(models), settings))
     return runs
 
 
@@ -132,6 +144,7 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
                         "max_new_tokens": 4 * task.max_new_words, **(base or {}), **run.settings}
             if len(run.models) == 1:  # a model alone: the ensemble's per-model weights do not apply
                 settings.pop("weights", None)
+                settings.pop("gate", None)
             cfg = DecodeConfig(**settings)
             t0 = time.perf_counter()
             trace = AdaFuse([models[n] for n in run.models], cfg).generate(task.prompt(head, ex["question"]))

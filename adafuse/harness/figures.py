@@ -48,6 +48,8 @@ def margins_figure(trace: Trace | None) -> go.Figure:
     line plus one marker trace per kind (so every legend key shows the symbol its points use) and the legend has one
     neutral key per kind."""
     title = "Confidence margins Δ = p(top1) − p(top2)"
+    if trace and any(r.features for r in trace.rounds):
+        title += " and the gate's weight share per model"
     if not trace or not trace.rounds:
         return empty_figure(title)
     fig = go.Figure()
@@ -75,6 +77,16 @@ def margins_figure(trace: Trace | None) -> go.Figure:
         # legend keys only: no points, the kind's symbol in a neutral colour
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=kind, legendgroup=f"kind {kind}",
                                  hoverinfo="skip", marker=dict(symbol=symbol, size=9, color="#6b7280")))
+    gated = [r for r in trace.rounds if r.features and r.weights]
+    for k, model in enumerate(trace.models if gated else []):  # a learned gate: each model's share of the weight
+        share = [r.weights.get(model, 0.0) / (sum(r.weights.values()) or 1.0) for r in gated]
+        fig.add_trace(go.Scatter(x=[r.index for r in gated], y=share, mode="lines+markers",
+                                 name=f"{model} · gate weight share", legendgroup=f"gate {model}",
+                                 line=dict(color=MODEL_COLORS[k % 4], dash="dot", width=1.5),
+                                 marker=dict(symbol="square", size=5, color=MODEL_COLORS[k % 4]),
+                                 hovertext=[f"{model}<br>round {r.index} · gate weight {r.weights.get(model, 0.0):.3f}"
+                                            f" (share {v:.2f})" for r, v in zip(gated, share)],
+                                 hovertemplate="%{hovertext}<extra></extra>"))
     tau = trace.settings.get("tau")
     if tau is not None:
         fig.add_hline(y=tau, line=dict(color="#6b7280", dash="dash"), annotation_text=f"τΔ = {tau}",
@@ -101,7 +113,9 @@ def pool_figure(trace: Trace | None, index: int | None = None, pending: Round | 
                              hovertemplate="%{x}<br>NLL %{y:.3f} · %{hovertext}<extra></extra>"))
     fused = [c.fused for c in r.candidates]
     weights = getattr(r, "weights", {}) or {}
-    how = "weighted mean: " + ", ".join(f"{m} ×{w:g}" for m, w in weights.items()) if weights else "mean over models"
+    gate = "gate " if getattr(r, "features", None) else ""
+    how = (f"{gate}weighted mean: " + ", ".join(f"{m} ×{w:.3g}" for m, w in weights.items())) if weights \
+        else "mean over models"
     fig.add_trace(go.Scatter(x=labels, y=fused, mode="markers", name=f"fused ({how})",
                              hovertemplate=f"%{{x}}<br>fused NLL %{{y:.3f}} ({how})<extra></extra>",
                              marker=dict(symbol="diamond", size=13, color=FUSED_COLOR)))

@@ -1,6 +1,7 @@
 """`python -m adafuse.harness.results RESULTS_DIR DOCS_DIR`: docs/results.md and Plotly figures (HTML + PNG) from eval runs."""
 from __future__ import annotations
 
+import json
 import random
 import sys
 from collections import defaultdict
@@ -346,6 +347,110 @@ def _exploration(rows, per_ex, tasks, figs: Path, obs: list[str]) -> list[str]:
     return out
 
 
+GATES = Path(__file__).resolve().parents[2] / "assets" / "gates"
+WEIGHTED = ("adafuse+weights", "adafuse+gate")
+
+
+def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: list[str]) -> list[str]:
+    """Issue 12: static weights and the learned gate against plain AdaFuse and the better single model."""
+    have = [m for m in WEIGHTED if any((t, m) in per_ex for t in tasks)]
+    if not have or not singles:
+        return []
+    scores = {r["method"]: r for r in table}
+    avg = {m: scores[m].get("average") for m in scores}
+    best = max(singles, key=lambda m: avg.get(m) or -1)
+    out = ["## Per-model weights and a learned gate", "",
+           "`adafuse+weights`: the fused score Σ w·NLL / Σ w with the static weights that scored best on training "
+           "examples; `adafuse+gate`: weights chosen each round by a learned gate (`adafuse/gate.py`, "
+           "`assets/gates/`) from what the models show that round. Training examples are lines 101 and later of each "
+           "data file; every number in this report is from lines 1–50, so the two never meet.", ""]
+    search = []
+    for path in sorted(results.glob("gate/search-*.json")):
+        res = json.loads(path.read_text())
+        for row in res["grid"]:
+            search.append({"search": path.stem.removeprefix("search-"), "tasks": ", ".join(res["tasks"]),
+                           "weights (" + " / ".join(res["models"]) + ")": " / ".join(f"{w:g}" for w in row["weights"]),
+                           "mean reward": round(row["reward"], 4), "examples": res["examples"],
+                           "chosen": "✓" if row["weights"] == res["best"] else ""})
+    if search:
+        out += ["Static weights tried on the training examples (reward: token F1 for QA, chrF/100 for translation):",
+                "", _markdown(search), ""]
+    gates, fig = [], go.Figure()
+    for path in sorted(GATES.glob("*.json")):
+        g = json.loads(path.read_text())
+        tr = g.get("trained", {})
+        curve = tr.get("curve", [])
+        if not curve:
+            continue
+        k = 20
+        smooth = [sum(c["reward"] for c in curve[max(0, i - k + 1): i + 1]) / len(curve[max(0, i - k + 1): i + 1])
+                  for i in range(len(curve))]
+        fig.add_trace(go.Scatter(x=[c["step"] for c in curve], y=smooth, mode="lines",
+                                 name=f"{path.stem} ({', '.join(tr.get('tasks', []))})"))
+        first, last = curve[: len(curve) // 4], curve[-(len(curve) // 4):]
+        gates.append({"gate": f"assets/gates/{path.name}", "tasks": ", ".join(tr.get("tasks", [])),
+                      "parameters": sum(len(r) for r in g["W"]) + len(g["b"]), "steps": len(curve),
+                      "training examples": tr.get("examples"),
+                      "reward, first quarter": round(sum(c["reward"] for c in first) / max(1, len(first)), 4),
+                      "reward, last quarter": round(sum(c["reward"] for c in last) / max(1, len(last)), 4),
+                      "rounds sampled off the winner": f"{sum(c['sampled_off_winner'] for c in curve)}/"
+                                                       f"{sum(c['choices'] for c in curve)}"})
+    if gates:
+        fig.update_layout(title="Gate training: reward of the sampled answers (moving mean of 20 steps)",
+                          xaxis_title="step (one training example)", yaxis_title="reward")
+        out += ["Learned gates (REINFORCE from the final answer's reward; the choice sampled from the gated scores "
+                "while training, the lowest score at test time):", "", _markdown(gates), "",
+                save(fig, figs, "gate_learning_curve"), ""]
+    # the gate's weights per task, from the traces of the reported examples
+    shares = []
+    for t in tasks:
+        ws = defaultdict(list)
+        for r in rows:
+            if r["task"] == t and r["method"] == "adafuse+gate":
+                for rd in r["trace"]["rounds"]:
+                    if rd.get("features") and rd.get("weights"):
+                        tot = sum(rd["weights"].values()) or 1.0
+                        for m, w in rd["weights"].items():
+                            ws[m].append(w / tot)
+        if ws:
+            shares.append({"task": t, **{f"mean share {m}": round(sum(v) / len(v), 3) for m, v in ws.items()},
+                           "gated rounds": len(next(iter(ws.values())))})
+    if shares:
+        out += ["The gate's weight share per model (rounds with a scored pool, reported examples):", "",
+                _markdown(shares), ""]
+    # paired differences and the targets
+    pair_rows = []
+    for t in tasks:
+        row = {"task": t}
+        for m in have:
+            for rival in (best, "adafuse"):
+                d = paired_difference(per_ex.get((t, m), {}), per_ex.get((t, rival), {}))
+                if d:
+                    row[f"{m} − {rival}"] = (f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] "
+                                             f"{d['wins']}/{d['ties']}/{d['losses']}")
+        pair_rows.append(row)
+    out += ["Per example, the same paired intervals as above (mean difference, 95 % bootstrap interval, "
+            "better/same/worse):", "", _markdown(pair_rows), ""]
+    for m in have:
+        if avg.get(m) is None:
+            obs.append(f"- {m}: not run on every task, so no average.")
+            continue
+        checks = [("the average", avg[m], avg[best])]
+        checks += [(t, scores[m].get(t), scores[best].get(t)) for t in ("flores-de-en", "flores-en-de") if t in tasks]
+        missed = [f"{what} by {b - a:.2f}" for what, a, b in checks if a is not None and b is not None and a < b]
+        sq = scores[m].get("squad")
+        above = [scores[x].get("squad") for x in singles if scores[x].get("squad") is not None]
+        if sq is not None and above and sq <= max(above):
+            missed.append(f"SQuAD's gain over both singles (lost by {max(above) - sq:.2f})")
+        obs.append(f"- {m} (target: at or above the better member, {best}, on the average and on each Flores "
+                   f"direction, and still above both singles on SQuAD): " + "; ".join(
+                       f"{what} {a:.2f} vs {b:.2f}" for what, a, b in checks if a is not None and b is not None)
+                   + (f"; squad {sq:.2f} vs " + " / ".join(f"{v:.2f}" for v in above) if sq is not None else "")
+                   + f" (plain AdaFuse's average {avg.get('adafuse') or 0:.2f}) — **"
+                   + ("met" if not missed else "missed") + "**" + (": " + ", ".join(missed) if missed else "") + ".")
+    return out
+
+
 def _num(v, nd: int = 2) -> str:
     return "n/a" if v is None else f"{v:.{nd}f}"
 
@@ -357,8 +462,8 @@ def build(results: Path, docs: Path) -> Path:
     tasks = [t for t in TASKS if any(k[0] == t for k in summary)]
     figs = docs / "figures"
     figs.mkdir(parents=True, exist_ok=True)
-    main_methods = [m for m in ("adafuse", "beam", "fixed-span-1", "fixed-span-2", "fixed-span-3", "token-union",
-                                "mixture") if any((t, m) in summary for t in tasks)]
+    main_methods = [m for m in ("adafuse", "adafuse+weights", "adafuse+gate", "beam", "fixed-span-1", "fixed-span-2",
+                                "fixed-span-3", "token-union", "mixture") if any((t, m) in summary for t in tasks)]
     singles = sorted({m for _, m in summary if m.startswith("greedy:")})
     order = singles + main_methods
     table = [r for r in main_metric_table(summary_rows) if r["method"] in order]
@@ -412,6 +517,7 @@ def build(results: Path, docs: Path) -> Path:
             "and the examples where AdaFuse scored higher/the same/lower. An interval that excludes 0 is a difference "
             "this sample can tell apart from noise (sentence-level chrF for Flores).", "", _markdown(pair_rows), ""]
 
+    out += _gates(rows, per_ex, table, tasks, singles, results, figs, obs)
     avg = {r["method"]: r["average"] for r in table if r.get("average") is not None}  # methods run on every task
     if "adafuse" in avg and singles:
         best_single = max(singles, key=lambda m: avg.get(m) or -1)

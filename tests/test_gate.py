@@ -1,0 +1,128 @@
+"""The learned gate: per-round weights from the models' features, checked files, and training from answer rewards."""
+import json
+
+import pytest
+import torch
+
+from adafuse import AdaFuse, DecodeConfig
+from adafuse.gate import FEATURES, Gate, GateError, entropy, gate_weights, load_gate
+from adafuse.trace import Trace
+from tests.test_decoder_toy import first_round, pair
+
+
+def write(tmp_path, gate: Gate, name="gate.json"):
+    path = tmp_path / name
+    gate.save(path)
+    return str(path)
+
+
+def test_a_zero_gate_is_plain_adafuse_and_the_round_records_features(tmp_path):
+    path = write(tmp_path, Gate.zeros(["a", "b"]))
+    _, plain = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1))
+    _, gated = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1, gate=path))
+    assert gated.weights == {"a": 1.0, "b": 1.0}
+    assert [c.fused for c in gated.candidates] == pytest.approx([c.fused for c in plain.candidates])
+    assert set(gated.features) == {"a", "b"} and all(len(v) == len(FEATURES) for v in gated.features.values())
+    a, b = gated.features["a"], gated.features["b"]
+    assert a[2] == 1.0 and b[2] == 0.0  # model a was confident (committed), b explored
+    assert a[0] == pytest.approx(gated.steps[0].margins[0])
+
+
+def test_a_gate_leaning_on_one_model_changes_the_winner_and_round_trips(tmp_path):
+    g = Gate.zeros(["a", "b"])
+    g.b = [0.0, 3.0]  # softmax(0, 3) → b weighs ~20× a
+    path = write(tmp_path, g)
+    _, equal = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1))
+    _, gated = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1, gate=path))
+    wa, wb = gated.weights["a"], gated.weights["b"]
+    assert wa + wb == pytest.approx(2.0) and wb / wa == pytest.approx(torch.e ** 3, rel=1e-6)
+    for c in gated.candidates:
+        if c.fused is not None:
+            assert c.fused == pytest.approx((wa * c.nll["a"] + wb * c.nll["b"]) / (wa + wb))
+    assert equal.candidates[equal.winner].text == " Paris" and gated.candidates[gated.winner].text == " London"
+    d = AdaFuse(pair(), DecodeConfig(tau=0.7, branches=3, max_words=1, gate=path)).start("Q")
+    d.step()
+    back = Trace.from_dict(json.loads(d.trace.to_json())).rounds[0]
+    assert back.weights == d.trace.rounds[0].weights and back.features == d.trace.rounds[0].features
+
+
+def test_features_decide_weights_per_round(tmp_path):
+    """A gate that trusts whichever model is confident: weight follows the 'confident' feature of each model."""
+    n, f = 2, len(FEATURES)
+    g = Gate.zeros(["a", "b"])
+    k = FEATURES.index("confident")
+    g.W[0][0 * f + k] = 4.0  # model a's logit grows with a's confidence
+    g.W[1][1 * f + k] = 4.0
+    w = g.weights({"a": [0.9, 0.1, 1.0, 0.1, 0.0], "b": [0.1, 0.5, 0.0, 0.4, 0.0]})
+    assert w["a"] > 1.9 and w["b"] < 0.1
+    w = g.weights({"a": [0.1, 0.5, 0.0, 0.4, 0.0], "b": [0.9, 0.1, 1.0, 0.1, 0.0]})
+    assert w["b"] > 1.9
+    W, b = g.tensors()
+    assert gate_weights(W, b, torch.zeros(n * f, dtype=torch.float64)).tolist() == [1.0, 1.0]
+
+
+def test_gate_files_are_checked_before_any_model_prefills(tmp_path):
+    models = pair()
+    wrong = write(tmp_path, Gate.zeros(["x", "y"]), "wrong.json")
+    with pytest.raises(GateError, match="trained for the models x, y"):
+        AdaFuse(models, DecodeConfig(gate=wrong)).start("Q")
+    assert all(m.model.calls == 0 for m in models)  # nothing was computed
+    with pytest.raises(GateError, match="no gate file"):
+        AdaFuse(models, DecodeConfig(gate=str(tmp_path / "missing.json"))).start("Q")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 1, "models": ["a", "b"], "features": ["margin"], "W": [], "b": []}')
+    with pytest.raises(GateError, match="features"):
+        load_gate(bad)
+    bad.write_text("not json")
+    with pytest.raises(GateError, match="not JSON"):
+        load_gate(bad)
+    nan = Gate.zeros(["a", "b"]).to_dict()
+    nan["W"][0][0] = "nan"
+    bad.write_text(json.dumps(nan))
+    with pytest.raises(GateError, match="finite"):
+        load_gate(bad)
+
+
+def test_entropy_of_a_top_k_distribution():
+    lp = torch.log(torch.tensor([0.5, 0.5, 0.0, 0.0]))
+    assert entropy(lp) == pytest.approx(torch.log(torch.tensor(2.0)).item())
+    assert entropy(torch.full((4,), float("-inf"))) == 0.0
+
+
+def test_gate_training_learns_from_answer_rewards_and_resumes(pair, tmp_path):
+    """Two REINFORCE steps on held-out NQ lines with the real pair write a gate; a longer run resumes from the
+    checkpoint (same example order and samples), and the gate decodes."""
+    from adafuse.harness import gate_train
+    from tests.conftest import SHARED
+    out = tmp_path / "qa.json"
+    said = []
+    kw = dict(models=[m.name for m in pair], tasks=["nq"], out=out, data=SHARED, offset=101, per_task=3, seed=1,
+              save_every=1, progress=False, log=said.append)
+    gate_train.train(steps=2, **kw)
+    g = load_gate(out)
+    assert g.models == [m.name for m in pair] and g.trained["offset"] == 101
+    assert [c["line"] >= 101 for c in g.trained["curve"]] == [True, True]
+    gate_train.train(steps=3, **kw)
+    assert any("resuming" in s and "step 2" in s for s in said)
+    again = load_gate(out)
+    assert [c["line"] for c in again.trained["curve"][:2]] == [c["line"] for c in g.trained["curve"]]
+    tr = AdaFuse(pair, DecodeConfig(max_new_words=4, gate=str(out), stop=("\n",))).generate("Question: Who wrote Hamlet?\nAnswer:")
+    scored = [r for r in tr.rounds if r.features]
+    assert all(set(r.weights) == {m.name for m in pair} for r in scored)
+    with pytest.raises(Exception, match="other settings"):
+        gate_train.train(steps=4, **{**kw, "seed": 2})
+
+
+def test_the_views_show_the_gate_weights(tmp_path):
+    from adafuse.harness.figures import margins_figure, pool_figure
+    g = Gate.zeros(["a", "b"])
+    g.b = [0.0, 1.0]
+    tr = AdaFuse(pair(), DecodeConfig(tau=0.7, branches=3, max_words=1, max_new_words=3,
+                                      gate=write(tmp_path, g))).generate("Q")
+    fig = margins_figure(tr)
+    shares = [t for t in fig.data if t.name and t.name.endswith("gate weight share")]
+    assert [t.name for t in shares] == ["a · gate weight share", "b · gate weight share"]
+    gated = [r for r in tr.rounds if r.features]
+    assert list(shares[1].y) == pytest.approx([torch.e / (1 + torch.e)] * len(gated))
+    scored = next(r.index for r in gated)
+    assert any("gate weighted mean" in (t.name or "") for t in pool_figure(tr, scored).data)
