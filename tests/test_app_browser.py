@@ -1,6 +1,7 @@
 """Real browser: start `python app.py` on a free port and drive it with Playwright + Debian's Chromium."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -362,6 +363,26 @@ def test_model_weights_steer_the_fused_score_and_show_in_the_pool(page):
     box.fill("1")
     box.press("Tab")
     pg.locator("#af-exploration").get_by_label("surface").check()
+
+
+def test_a_learned_gate_weighs_each_round_and_the_views_show_it(page):
+    pg = page
+    fresh(pg, "QA · author of Hamlet", "Hamlet")
+    pg.get_by_text("Model weights in the fused score").click()
+    pg.locator("#af-gate input").click()
+    pg.get_by_role("option", name=re.compile(r"^qa: ")).click()
+    time.sleep(1)
+    pg.locator("#af-run").click()
+    wait_status(pg, "✓ done")
+    open_tab(pg, "Margins")
+    legend = pg.locator("#af-margins .legend").text_content()
+    assert "gemma3-270m · gate weight share" in legend, legend
+    open_tab(pg, "Pool")
+    pool = pg.locator("#af-pool .legend").text_content()
+    assert "gate weighted mean" in pool or "one candidate only" in pg.locator("#af-pool").text_content(), pool
+    pg.screenshot(path=str(SHOTS / "gate-margins.png"), full_page=True)
+    pg.locator("#af-gate input").click()
+    pg.get_by_role("option", name=re.compile(r"^none")).click()
 
 
 def test_narrow_screen_puts_the_prompt_first_and_nothing_overflows(page, tmp_path):

@@ -45,9 +45,14 @@ def test_method_specs():
                                        "adafuse[branches=5,diversity=false,tau=0.5]"]
     assert runs[3].settings == {"method": "fixed-span", "span_words": 2}
     assert runs[4].settings == {"method": "adafuse", "branches": 5, "diversity": False, "tau": 0.5}
-    for bad in ("vote", "adafuse[colour=red]", "fixed-span-x"):
+    for bad in ("vote", "adafuse[colour=red]", "fixed-span-x", "adafuse[weights=1/x]", "w=adafuse[colour=red]"):
         with pytest.raises(ConfigError):
             parse_methods([bad], ["a", "b"])
+    named = parse_methods(["adafuse+weights=adafuse[weights=1/4]", "adafuse+gate=adafuse[gate=assets/gates/qa.json]"],
+                          ["a", "b"])
+    assert [(r.label, r.settings) for r in named] == [
+        ("adafuse+weights", {"method": "adafuse", "weights": (1.0, 4.0)}),
+        ("adafuse+gate", {"method": "adafuse", "gate": "assets/gates/qa.json"})]
 
 
 def test_bad_data_lines_are_reported_with_their_number(tmp_path):
