@@ -126,3 +126,14 @@ def test_the_views_show_the_gate_weights(tmp_path):
     assert list(shares[1].y) == pytest.approx([torch.e / (1 + torch.e)] * len(gated))
     scored = next(r.index for r in gated)
     assert any("gate weighted mean" in (t.name or "") for t in pool_figure(tr, scored).data)
+
+
+def test_shipped_gates_are_for_the_bundled_pair_and_trained_on_held_out_lines():
+    from pathlib import Path
+    from adafuse import DEFAULT_PAIR
+    shipped = sorted((Path(__file__).resolve().parents[1] / "assets" / "gates").glob("*.json"))
+    assert {p.stem for p in shipped} >= {"qa", "mt"}
+    for path in shipped:
+        g = load_gate(path)
+        assert g.models == list(DEFAULT_PAIR) and g.parameters <= 300
+        assert g.trained["offset"] > 50 and all(c["line"] >= g.trained["offset"] for c in g.trained["curve"])

@@ -11,7 +11,10 @@ for translation, accuracy for GSM8K.
 Training (REINFORCE): each step decodes one training example with the current gate; in every round whose pool was
 scored with two or more candidates the choice is sampled from softmax(−gated score / temperature) instead of taking
 the lowest, and the log-probability of each sampled choice is kept with its gradient. At the end the reward minus a
-running baseline (per task) scales the summed log-probabilities; Adam takes one step. Greedy at test time. A
+baseline scales the summed log-probabilities; Adam takes one step. The baseline is self-critical by default: the
+reward of the same example decoded greedily with the same gate (decoded only when some sampled choice left the
+winner; otherwise the sample is that decode and the step teaches nothing), so only choices that changed the answer
+move the gate — a running mean per task instead mostly measures how hard the example was. Greedy at test time. A
 checkpoint (`<out>.ckpt`) is written every `--save-every` steps and a rerun with the same arguments resumes from it;
 the example order and every sample are seeded.
 """
@@ -113,7 +116,7 @@ def _gated_scores(r, names: list[str], W: torch.Tensor, b: torch.Tensor) -> tupl
 def train(models: list[str], tasks: list[str], out: Path, data: Path = DEFAULT_DATA, steps: int = 300,
           offset: int = TRAIN_OFFSET, per_task: int = 200, seed: int = 0, lr: float = 0.05,
           temperature: float = 0.5, save_every: int = 10, progress: bool = True, log=print,
-          init: tuple[float, ...] = ()) -> Gate:
+          init: tuple[float, ...] = (), baseline: str = "self-critical") -> Gate:
     lms = [get_model(m) for m in models]
     names = [lm.name for lm in lms]
     exs = training_examples(tasks, data, offset, per_task)
@@ -127,7 +130,9 @@ def train(models: list[str], tasks: list[str], out: Path, data: Path = DEFAULT_D
     state = {"step": 0, "baseline": {}, "curve": []}
     ckpt = out.with_name(out.name + ".ckpt")
     args = {"models": names, "tasks": tasks, "offset": offset, "per_task": per_task, "seed": seed, "lr": lr,
-            "temperature": temperature, "init": list(init)}
+            "temperature": temperature, "init": list(init), "baseline": baseline}
+    if baseline not in ("self-critical", "running"):
+        raise ConfigError(f"baseline {baseline!r}: use self-critical or running")
     if ckpt.exists():
         saved = torch.load(ckpt, weights_only=False)
         if saved["args"] != args:
@@ -167,15 +172,24 @@ def train(models: list[str], tasks: list[str], out: Path, data: Path = DEFAULT_D
             deviations += keep[j] != r.winner
             d.commit(keep[j])
         R = reward(task, d.trace.output, ex["answer"])
-        base = state["baseline"].get(name, R)
+        if baseline == "running":
+            base = state["baseline"].get(name, R)
+        elif deviations:  # self-critical: the same example decoded greedily with the same gate
+            g = AdaFuse(lms, task_config(task)).start(prompt_of(task, data, ex))
+            g.gate_object = gate
+            while not g.done:
+                g.commit()
+            base = reward(task, g.trace.output, ex["answer"])
+        else:  # every sampled choice was the winner: the sample is the greedy decode
+            base = R
         if logps:
             opt.zero_grad()
             loss = -(R - base) * torch.stack(logps).sum()
             loss.backward()
             opt.step()
-        state["baseline"][name] = 0.9 * base + 0.1 * R
-        state["curve"].append({"step": step, "task": name, "line": no, "reward": R, "choices": choices,
-                               "sampled_off_winner": deviations})
+        state["baseline"][name] = 0.9 * state["baseline"].get(name, R) + 0.1 * R
+        state["curve"].append({"step": step, "task": name, "line": no, "reward": R, "baseline": base,
+                               "choices": choices, "sampled_off_winner": deviations})
         state["step"] = step + 1
         if bar:
             recent = state["curve"][-20:]
@@ -187,7 +201,9 @@ def train(models: list[str], tasks: list[str], out: Path, data: Path = DEFAULT_D
         bar.close()
     gate = Gate(names, W.detach().tolist(), b.detach().tolist(), trained={
         **args, "steps": steps, "examples": len(exs), "reward": "token F1 (QA), chrF/100 (translation), accuracy "
-        "(GSM8K) of the final answer", "algorithm": "REINFORCE, per-task running baseline, Adam",
+        "(GSM8K) of the final answer", "algorithm": "REINFORCE with a " + (
+            "self-critical baseline (the example decoded greedily with the same gate)" if baseline == "self-critical"
+            else "per-task running baseline") + ", Adam",
         "curve": state["curve"]})
     out.parent.mkdir(parents=True, exist_ok=True)
     gate.save(out)
@@ -216,6 +232,9 @@ def main(argv=None) -> int:
     t.add_argument("--temperature", type=float, default=0.5, help="sampling temperature over gated scores")
     t.add_argument("--init", default="", metavar="W1,W2",
                    help="start from these static weights (e.g. the best of `gate search`), else from equal ones")
+    t.add_argument("--baseline", choices=("self-critical", "running"), default="self-critical",
+                   help="what a sampled answer's reward is compared with: the same example decoded greedily with "
+                        "the same gate (only when a sampled choice left the winner), or a running mean per task")
     t.add_argument("--no-progress", action="store_true")
     sub.choices["search"].add_argument("--grid", nargs="+", required=True, metavar="W1,W2",
                                        help="weightings to try, one per model each, e.g. 1,1 1,3 1,9")
@@ -244,5 +263,5 @@ def main(argv=None) -> int:
     except ValueError:
         raise ConfigError(f"--init {args.init!r}: use comma-separated numbers, one per model") from None
     train(args.models, args.task, args.out, args.data, args.steps, args.offset, args.examples, args.seed, args.lr,
-          args.temperature, progress=not args.no_progress, init=init)
+          args.temperature, progress=not args.no_progress, init=init, baseline=args.baseline)
     return 0

@@ -363,7 +363,9 @@ def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: 
            "`adafuse+weights`: the fused score Σ w·NLL / Σ w with the static weights that scored best on training "
            "examples; `adafuse+gate`: weights chosen each round by a learned gate (`adafuse/gate.py`, "
            "`assets/gates/`) from what the models show that round. Training examples are lines 101 and later of each "
-           "data file; every number in this report is from lines 1–50, so the two never meet.", ""]
+           "data file; every number in this report is from lines 1–50, so the two never meet. One weighting and one gate per "
+           "task family: QA (NQ, TriviaQA, SQuAD) and translation (Flores, both directions); GSM8K, where no method "
+           "scores above 0 and so no reward can teach anything, uses the QA family's.", ""]
     search = []
     for path in sorted(results.glob("gate/search-*.json")):
         res = json.loads(path.read_text())
