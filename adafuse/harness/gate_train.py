@@ -25,6 +25,7 @@ import math
 import random
 import sys
 import time
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -66,8 +67,14 @@ def task_config(task: Task, **settings) -> DecodeConfig:
                         **settings)
 
 
+@lru_cache(maxsize=None)
+def _head(path: Path) -> str:
+    """A task's few-shot prompt, read once (every training step decodes with it, twice when self-critical)."""
+    return path.read_text(encoding="utf-8")
+
+
 def prompt_of(task: Task, data: Path, ex: dict) -> str:
-    return task.prompt((data / task.folder / task.prompt_file).read_text(encoding="utf-8"), ex["question"])
+    return task.prompt(_head(data / task.folder / task.prompt_file), ex["question"])
 
 
 def search(models: list[str], tasks: list[str], grid: list[tuple[float, ...]], data: Path, offset: int,
