@@ -176,7 +176,7 @@ class Decoding:
     def gate(self) -> Gate | None:
         """The learned gate of the current settings (checked against these models), or None. `gate_object` (a Gate
         set on the decoding, as gate training does with its current parameters) takes precedence."""
-        if not self.method.scores:
+        if not self.method.scores or len(self.models) < 2:  # a model alone has no ensemble weights
             return None
         if self.gate_object is not None:
             return self.gate_object
@@ -290,7 +290,7 @@ class Decoding:
             raise ConfigError(f"{', '.join(fixed)} cannot change during a decode: start a new one")
         changed = {k: new[k] for k in LIVE_SETTINGS if new[k] != old[k]}
         check_exploration(self.models, config)
-        if config.gate and self.method.scores:
+        if config.gate and self.method.scores and len(self.models) > 1:
             load_gate(config.gate).check_models(self.names)
         if config.weights and len(config.weights) != len(self.models):
             raise ConfigError(f"weights has {len(config.weights)} values for {len(self.models)} models")
@@ -355,7 +355,7 @@ def _validate(models: Sequence[LoadedModel], config: DecodeConfig, prompt) -> No
     if config.method == "token-union" and config.union_top_k > vocab:
         raise ConfigError(f"union_top_k={config.union_top_k} is larger than a model's vocabulary ({vocab}): use fewer")
     check_exploration(models, config)  # embedding exploration needs each model's weights here
-    if config.gate and METHODS[config.method].scores:
+    if config.gate and METHODS[config.method].scores and len(models) > 1:  # a model alone has no ensemble weights
         load_gate(config.gate).check_models(_unique_names(models))
 
 

@@ -137,3 +137,10 @@ def test_shipped_gates_are_for_the_bundled_pair_and_trained_on_held_out_lines():
         g = load_gate(path)
         assert g.models == list(DEFAULT_PAIR) and g.parameters <= 300
         assert g.trained["offset"] > 50 and all(c["line"] >= g.trained["offset"] for c in g.trained["curve"])
+
+
+def test_a_model_alone_ignores_the_ensemble_gate(tmp_path):
+    """The app's "each model alone" runs share the ensemble's settings: a gate for the pair must not refuse them."""
+    path = write(tmp_path, Gate.zeros(["a", "b"]))
+    tr = AdaFuse([pair()[0]], DecodeConfig(method="greedy", max_new_words=2, gate=path)).generate("Q")
+    assert tr.output and all(not r.features for r in tr.rounds)
