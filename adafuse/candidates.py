@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from .selection import select_first_tokens, token_key
 from .view import ModelView
-from .writer import BOUNDARY, END, FULL, STRADDLE, Word, best_token, margin, sample_token, token_index
+from .writer import BOUNDARY, END, FULL, STRADDLE, UTF8_SLACK, Word, best_token, margin, sample_token, token_index
 
 
 @dataclass
@@ -30,31 +30,55 @@ def _from_words(words: list[Word]) -> Proposal:
 
 
 def greedy_span(s: ModelView, max_words: int, tau: float | None, max_word_tokens: int,
-                choose: Callable[[ModelView, torch.Tensor], int] = best_token) -> tuple[Proposal, list[float]]:
+                choose: Callable[[ModelView, torch.Tensor], int] = best_token,
+                drafts: Sequence[str] = ()) -> tuple[Proposal, list[float]]:
     """Words chosen token by token (greedily by default) while the margin at each word start stays >= tau (tau None:
-    always), at most max_words. Tokens are fed on the live state so a winning span costs nothing more to commit."""
+    always), at most max_words. Tokens are fed on the live state so a winning span costs nothing more to commit.
+
+    `drafts` (texts other models proposed after the same committed text): verified first in one batched forward;
+    while the chosen tokens follow a draft, their log-probs come from that forward instead of one forward each.
+    The rules below see the same tokens and log-probs either way (speculative proposals, issue 15)."""
     s.rewind()
     lp = s.next_logprobs
     margins = [margin(lp)]
     words: list[Word] = []
     context = list(s.ids)
     t = choose(s, lp)
-    while True:
-        w = Word(s, context, max_word_tokens)
-        while w.offer(t, lp):
-            lp = s.extend(t)
-            t = choose(s, lp)
-        words.append(w)
-        context = context + w.tokens
-        if w.status in (END, STRADDLE) or sum(x.counts for x in words) >= max_words:
-            break
-        if w.status == FULL:  # the word's last token is taken: feed it, then choose the next word's first token
-            lp = s.extend(t)
-            t = choose(s, lp)
-        margins.append(margin(lp))
-        if tau is not None and margins[-1] < tau:
-            break
+    if drafts and (tau is None or margins[0] >= tau):
+        s.draft(draft_rows(s, drafts, t, max_words * (max_word_tokens + UTF8_SLACK)))
+    try:
+        while True:
+            w = Word(s, context, max_word_tokens)
+            while w.offer(t, lp):
+                lp = s.extend(t)
+                t = choose(s, lp)
+            words.append(w)
+            context = context + w.tokens
+            if w.status in (END, STRADDLE) or sum(x.counts for x in words) >= max_words:
+                break
+            if w.status == FULL:  # the word's last token is taken: feed it, then choose the next word's first token
+                lp = s.extend(t)
+                t = choose(s, lp)
+            margins.append(margin(lp))
+            if tau is not None and margins[-1] < tau:
+                break
+    finally:
+        s.settle()
     return _from_words(words), margins
+
+
+def draft_rows(s: ModelView, drafts: Sequence[str], first: int, cap: int) -> list[list[int]]:
+    """The drafts as this model's tokens after its committed ids (tokenized in context, at most `cap` tokens), kept
+    when they start with the token the model chooses first and run past it; none that another row already holds."""
+    rows: list[tuple[int, ...]] = []
+    for text in drafts:
+        ids = s.encode(s.text + text)
+        if ids[: len(s.ids)] != s.ids:  # the draft's first token merges with the committed text
+            continue
+        row = tuple(ids[len(s.ids):][:cap])
+        if len(row) >= 2 and row[0] == first and row not in rows:
+            rows.append(row)
+    return [list(r) for r in rows if not any(len(o) > len(r) and o[: len(r)] == r for o in rows)]
 
 
 def first_tokens(s: ModelView, lp: torch.Tensor, count: int, top_k: int, distinct: bool) -> list[int]:

@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one weight per model, in --models order: fused score = Σ w·NLL / Σ w (default: equal)")
     run.add_argument("--gate", default="", metavar="PATH",
                      help="a learned gate file (per-round weights; assets/gates/ has ones for the bundled pair)")
+    run.add_argument("--speculate", action="store_true",
+                     help="speculative proposals: a confident model first verifies the spans proposed before it this "
+                          "round in one forward (same decode, fewer forward passes)")
     run.add_argument("--max-new-words", type=int, default=d.max_new_words, help="stop after this many words")
     run.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="stop after this many tokens")
     run.add_argument("--max-word-tokens", type=int, default=d.max_word_tokens, help="a word ends after this many tokens")
@@ -136,7 +139,8 @@ def run(args) -> int:
                        method=args.method, span_words=args.span_words, mode=args.mode,
                        max_new_words=args.max_new_words, max_new_tokens=args.max_new_tokens,
                        max_word_tokens=args.max_word_tokens, stop=tuple(_unescape(s) for s in args.stop),
-                       system=_unescape(args.system), thinking=args.thinking, weights=tuple(args.weights), gate=args.gate)
+                       system=_unescape(args.system), thinking=args.thinking, weights=tuple(args.weights), gate=args.gate,
+                       speculate=args.speculate)
     if not prompt.strip():
         raise PromptError("the prompt is empty: pass --prompt TEXT or --prompt-file PATH with some text")
     models = []

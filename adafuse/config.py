@@ -65,6 +65,10 @@ class DecodeConfig:
     # a learned gate (adafuse/gate.py): the path of a gate file; each scored round's weights come from what the models
     # show that round (margin, entropy, confidence, own NLL, position) instead of `weights`. Empty: no gate
     gate: str = ""
+    # speculative proposals: before a confident model writes its span it verifies the spans the models before it
+    # proposed this round (and its own continuation left from the last round) in one batched forward, and takes their
+    # tokens where they are its own greedy choice; the decode is the same, with fewer forward passes (README)
+    speculate: bool = False
 
     def __post_init__(self) -> None:
         def bad(name: str, value, fix: str) -> ConfigError:
@@ -104,6 +108,8 @@ class DecodeConfig:
         if any(not w >= 0 for w in weights) or (weights and sum(weights) <= 0):
             raise bad("weights", self.weights, "use non-negative numbers, at least one positive")
         object.__setattr__(self, "weights", weights)
+        if not isinstance(self.speculate, bool):
+            raise bad("speculate", self.speculate, "use True or False")
         if not isinstance(self.gate, str):
             raise bad("gate", self.gate, "use the path of a gate file, or an empty string for none")
         if self.explore_top_k < self.branches:

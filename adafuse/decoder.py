@@ -26,7 +26,7 @@ from .words import count_words, find_stop
 MAX_MODELS = 4
 # settings that only steer the rounds still to come (`Decoding.reconfigure`)
 LIVE_SETTINGS = ("tau", "max_words", "branches", "diversity", "exploration", "explore_lambda", "max_new_words",
-                 "max_new_tokens", "weights", "gate")
+                 "max_new_tokens", "weights", "gate", "speculate")
 
 
 class Decoding:
@@ -65,6 +65,10 @@ class Decoding:
         self.gate_object: Gate | None = None
         self._gated: tuple[dict, dict] | None = None  # this round's gate weights and features, until `propose` uses them
         self._next_config: DecodeConfig | None = None  # `reconfigure` while a round is pending
+        # speculative proposals: texts proposed so far this round per model, and each model's own span left over from
+        # the last round (what it proposed past the committed text)
+        self._proposed: dict[int, list[str]] = {}
+        self._leftover: dict[int, str] = {}
         self.done = False
         self.method.start(self)
 
@@ -76,7 +80,7 @@ class Decoding:
         if self.pending is not None:
             return self.pending
         t0 = time.perf_counter()
-        before = [s.stats() for s in self.sessions]
+        before = [_snapshot(s) for s in self.sessions]
         with self._fatal():
             decided = self.method.round(self)
             if decided is None:
@@ -113,9 +117,16 @@ class Decoding:
                 s.commit(output)
             if gate is not None and m in acting:  # what the model shows at the word start, before it proposes
                 entropies[m] = entropy(s.next_logprobs)
-            return self.method.propose(self, s, budget) if m in acting else None
+            if m not in acting:
+                return None
+            proposed = self.method.propose(self, s, budget)
+            self._proposed[m] = [p.text for p in proposed[0] if p.text.strip()]
+            return proposed
 
         moving = sorted(acting | catch_up)
+        self._proposed = {}
+        if cfg.speculate and not side_by_side:  # the cheapest model first: its span is the others' draft
+            moving.sort(key=lambda m: (self._cost(m), m))
         done = dict(zip(moving, self.workers.map(act, moving)))
         keys: dict[tuple[str, bool], int] = {}
         words: list[int] = []
@@ -172,6 +183,26 @@ class Decoding:
             for c in candidates:
                 c.fused = _fuse(c, weights)
         return steps, candidates
+
+    def drafts_for(self, s: ModelView) -> list[str]:
+        """Speculative proposals: the texts model `s` verifies before writing its span. One after another, the spans
+        the models before it proposed this round; side by side, none of those exist yet. Either way its own span left
+        over from the last round."""
+        if not self.config.speculate:
+            return []
+        m = self.sessions.index(s)
+        drafts = [] if self.workers.enabled and self.workers.parallel else \
+            [t for o, texts in list(self._proposed.items()) if o != m for t in texts]
+        if self._leftover.get(m):
+            drafts.append(self._leftover[m])
+        return drafts
+
+    def _cost(self, m: int) -> int:
+        """How heavy model m is (bytes of weights; a served model 0): the order models propose in when speculating."""
+        try:
+            return int(self.models[m].memory_bytes)
+        except (AttributeError, TypeError, StopIteration):
+            return 0
 
     def gate(self) -> Gate | None:
         """The learned gate of the current settings (checked against these models), or None. `gate_object` (a Gate
@@ -230,8 +261,13 @@ class Decoding:
             r.words = cand.words if r.text == cand.text else min(cand.words, count_words(r.text))
         if stop is None and self.trace.words + r.words >= cfg.max_new_words:
             stop = "max_new_words"
+        # each confident model's span past what was committed: its draft for the next round (speculative proposals)
+        self._leftover = {m: c.text[len(r.text):] for m, st in enumerate(r.steps)
+                          if st.mode in ("commit", "span") and st.proposals
+                          for c in [r.candidates[st.proposals[0]]]
+                          if not c.eos and r.text and len(c.text) > len(r.text) and c.text.startswith(r.text)}
         if stop is None:
-            before = [s.stats() for s in self.sessions]
+            before = [_snapshot(s) for s in self.sessions]
             # a lazy method moves only the models that acted; the others catch up in a later round's first phase
             moving = [m for m, st in enumerate(r.steps) if not self.method.lazy or st.mode != "idle"]
             with self._fatal():
@@ -335,15 +371,25 @@ def _fuse(c: Candidate, weights: dict[str, float] | None = None) -> float | None
     return sum(x * v for x, v in vals) / total if total > 0 else None
 
 
-def _charge(steps: list[ModelStep], sessions: Sequence[ModelView], before: list[tuple[int, int, float, int]]) -> None:
-    """Add each model's forward passes, tokens fed and seconds since `before` to its step (the one place costs are
-    counted)."""
+SPEC_COUNTERS = ("draft_tokens", "accepted_tokens", "verify_passes")
+
+
+def _snapshot(s: ModelView) -> tuple:
+    """A model's cost counters now: forward passes, tokens fed, seconds, cached prompt tokens, then SPEC_COUNTERS."""
+    return (*s.stats(), *(getattr(s, key) for key in SPEC_COUNTERS))
+
+
+def _charge(steps: list[ModelStep], sessions: Sequence[ModelView], before: list[tuple]) -> None:
+    """Add each model's forward passes, tokens fed, seconds and speculation counts since `before` (a `_snapshot`) to
+    its step (the one place costs are counted)."""
     for step, s, b in zip(steps, sessions, before):
-        f, t, sec, cached = s.stats()
-        step.forward_passes += f - b[0]
-        step.tokens_fed += t - b[1]
-        step.seconds += sec - b[2]
-        step.cached_tokens += cached - b[3]
+        now = _snapshot(s)
+        step.forward_passes += now[0] - b[0]
+        step.tokens_fed += now[1] - b[1]
+        step.seconds += now[2] - b[2]
+        step.cached_tokens += now[3] - b[3]
+        for i, key in enumerate(SPEC_COUNTERS):
+            setattr(step, key, getattr(step, key) + now[4 + i] - b[4 + i])
 
 
 def _validate(models: Sequence[LoadedModel], config: DecodeConfig, prompt) -> None:

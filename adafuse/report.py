@@ -33,9 +33,12 @@ def round_rows(trace: Trace) -> list[dict]:
 
 
 def cost_rows(trace: Trace) -> list[dict]:
-    """Per model: forward passes, tokens fed, seconds (prefill included)."""
+    """Per model: forward passes, tokens fed, seconds (prefill included); with speculative proposals on, the draft
+    tokens verified, the tokens taken from them and the forwards saved."""
+    speculated = trace.settings.get("speculate") or any(s.draft_tokens for r in trace.rounds for s in r.steps)
     return [{"model": m, **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in trace.cost(m).items()},
-             "prompt tokens": trace.prefill.get(m, {}).get("prompt_tokens")} for m in trace.models]
+             "prompt tokens": trace.prefill.get(m, {}).get("prompt_tokens"),
+             **(trace.speculation(m) if speculated else {})} for m in trace.models]
 
 
 def format_table(rows: list[dict]) -> str:

@@ -127,6 +127,25 @@ class LocalBranch(Branch):
         self.s.remember(tokens, self.cache, row, self.start, logprobs)
 
 
+class _Drafts:
+    """Draft rows verified in one batched forward (`LocalSession.draft`): which of their tokens `extend` took."""
+
+    def __init__(self, rows: list[list[int]], logprobs: torch.Tensor, cache: DynamicCache, start: int):
+        self.rows, self.logprobs, self.cache, self.start = rows, logprobs, cache, start  # logprobs (N, T, V)
+        self.taken: list[int] = []
+        self.row = 0
+
+    def take(self, token: int) -> torch.Tensor | None:
+        """The (V,) log-probs after the taken tokens + `token` when a row continues that way, else None."""
+        pos = len(self.taken)
+        for i, r in enumerate(self.rows):
+            if len(r) > pos and r[pos] == token and r[:pos] == self.taken:
+                self.taken.append(token)
+                self.row = i
+                return self.logprobs[i, pos]
+        return None
+
+
 class TokenizedView(ModelView):
     """The text side of a model's view, shared by local and served models: the rendered prompt, the committed text,
     its token ids (tokenized from an anchor) and byte-exact decoding. Subclasses add the forward passes.
@@ -236,6 +255,7 @@ class LocalSession(TokenizedView):
         self.prefix_reused = reused
         # token tuples after `ids` whose KV (new positions only) and next-token log-probs a batch already computed
         self.adoptable: dict[tuple[int, ...], tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]] = {}
+        self._drafts: _Drafts | None = None  # verified drafts `extend` may take tokens from (speculative proposals)
         PREFIXES.store(lm, self.ids, self.cache)
 
     # ---- forward passes ----
@@ -259,10 +279,44 @@ class LocalSession(TokenizedView):
         return result
 
     def extend(self, token: int) -> torch.Tensor:
+        if self._drafts is not None:
+            logprobs = self._drafts.take(token)
+            if logprobs is not None:  # a verified draft continues with this token: no forward
+                self.accepted_tokens += 1
+                self.end_logprobs = logprobs
+                return logprobs
+            self.settle()  # the drafts end here: adopt what was taken, then go on alone
         self.end_logprobs = self._feed([token])[-1]
         return self.end_logprobs
 
+    @torch.inference_mode()
+    def draft(self, rows: list[list[int]]) -> int:
+        rows = [list(r) for r in rows if r]
+        if not rows or len(self.cached_ids) != len(self.ids) or self._drafts is not None:
+            return 0
+        start, width = len(self.ids), max(len(r) for r in rows)
+        cache = self.side_cache(start, len(rows))
+        # right padding, as in scoring: causal attention keeps every real position blind to the pads after it
+        logprobs = self.run(cache, [r + [r[0]] * (width - len(r)) for r in rows])  # (N, T, V)
+        self._drafts = _Drafts(rows, logprobs, cache, start)
+        self.verify_passes += 1
+        self.draft_tokens += sum(len(r) for r in rows)
+        return sum(len(r) for r in rows)
+
+    def settle(self) -> None:
+        d, self._drafts = self._drafts, None
+        if d is None or not d.taken:
+            return
+        end = d.start + len(d.taken)
+        for layer, src in enumerate(d.cache.layers):  # the taken tokens' keys and values join the live cache
+            self.cache.update(src.keys[d.row: d.row + 1, :, d.start: end], src.values[d.row: d.row + 1, :, d.start: end],
+                              layer)
+        self.cached_ids = self.cached_ids + d.taken
+
     def rewind(self) -> None:
+        if self._drafts is not None:  # tokens taken from drafts are dropped with them
+            self._drafts = None
+            self.end_logprobs = self.next_logprobs
         if len(self.cached_ids) > len(self.ids):
             self.cache.crop(len(self.ids))
             self.cached_ids = self.cached_ids[: len(self.ids)]
@@ -270,6 +324,7 @@ class LocalSession(TokenizedView):
 
     def commit(self, y: str) -> None:
         """Set the committed text to `y`: reuse the cache up to the common token prefix, feed the rest."""
+        self.settle()
         new = self.encode(y)
         lcp = common_prefix(self.cached_ids, new)
         tail = tuple(new[len(self.ids):]) if new[: len(self.ids)] == self.ids else None

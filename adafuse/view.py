@@ -44,6 +44,11 @@ class ModelView(ABC):
     next_logprobs: torch.Tensor
     end_ids: frozenset[int]
     banned_ids: frozenset[int]
+    # speculative proposals (`draft`): batched forwards that verified drafts, draft tokens verified, and tokens
+    # `extend` took from a verified draft instead of a forward of its own
+    verify_passes = 0
+    draft_tokens = 0
+    accepted_tokens = 0
 
     # ---- text <-> tokens ----
     @abstractmethod
@@ -62,6 +67,15 @@ class ModelView(ABC):
     @abstractmethod
     def extend(self, token: int) -> torch.Tensor:
         """Append one token of this model's own proposal speculatively; returns the next (V,) log-probs."""
+
+    def draft(self, rows: list[list[int]]) -> int:
+        """Verify these token rows (drafts written after the committed ids) in one batched forward, so that `extend`
+        of a token continuing one of them returns the verified log-probs without a forward of its own; `settle` then
+        makes the live state hold what was taken. Returns the positions verified (0: this view does not draft)."""
+        return 0
+
+    def settle(self) -> None:
+        """End drafting: the live state holds every token `extend` was given (a draft's computed state adopted)."""
 
     @abstractmethod
     def rewind(self) -> None:

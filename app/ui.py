@@ -112,13 +112,14 @@ def gate_choices() -> list[tuple[str, str]]:
 
 
 def _settings(names, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
-              system, thinking, gate, *weights) -> DecodeConfig:
+              system, thinking, speculate, gate, *weights) -> DecodeConfig:
     picked = [float(w) for w in weights[: len([n for n in names or [] if str(n).strip()])]]
     return DecodeConfig(tau=float(tau), max_words=int(max_words), branches=int(branches), diversity=bool(diversity),
                         exploration=exploration, explore_lambda=float(lam),
                         max_new_words=int(max_new_words), max_new_tokens=int(max_new_tokens), mode=mode,
                         stop=parse_stops(stop), system=(system or "").strip(), thinking=THINKING[thinking],
-                        weights=tuple(picked) if len(set(picked)) > 1 else (), gate=gate or "")
+                        weights=tuple(picked) if len(set(picked)) > 1 else (), gate=gate or "",
+                        speculate=bool(speculate))
 
 
 def weight_sliders(names):
@@ -325,6 +326,12 @@ def build_demo() -> gr.Blocks:
                 with gr.Accordion("Chat mode: system prompt and thinking", open=False):
                     system.render()
                     thinking.render()
+                speculate = gr.Checkbox(False, elem_id="af-speculate",
+                                        label="Speculative proposals (same decode, fewer forward passes)",
+                                        info="A confident model first checks the spans proposed before it this "
+                                             "round in one forward and takes their tokens where it would have "
+                                             "written them; the cost view counts drafts, accepted tokens, "
+                                             "forwards saved.")
                 compare = gr.Checkbox(True, label="Also run each model alone (greedy)")
                 others = gr.CheckboxGroup(list(COMPARE_METHODS), value=[], label="Also decode with (side by side)")
                 with gr.Accordion("Loaded models", open=True):
@@ -362,7 +369,7 @@ def build_demo() -> gr.Blocks:
                    choice, status, download, loaded_df, unload_pick, cancel_btn, tree_view, picks_df]
         assert outputs[STATUS_AT] is status
         settings = [models, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens,
-                    mode, stop, system, thinking, gate, *weights]
+                    mode, stop, system, thinking, speculate, gate, *weights]
         api.register()  # /decode and /models for gradio_client
 
         # ---- wiring ----

@@ -100,6 +100,13 @@ def fresh(pg, label: str | None = None, needle: str = ""):
         pick_example(pg, label, needle)
 
 
+def open_accordion(pg, title: str, inside: str) -> None:
+    """Open a settings accordion unless an earlier test left it open (a click on an open one closes it)."""
+    if not pg.locator(inside).is_visible():
+        pg.get_by_text(title).click()
+    pg.locator(inside).wait_for(state="visible")
+
+
 def upload_trace(pg, path) -> None:
     """Pick a trace file with the "Load a saved trace" button (a file chooser, as a person would)."""
     with pg.expect_file_chooser() as chooser:
@@ -344,7 +351,7 @@ def test_a_bad_trace_file_is_refused_and_the_session_stays(page, tmp_path):
 def test_model_weights_steer_the_fused_score_and_show_in_the_pool(page):
     pg = page
     fresh(pg, "QA · author of Hamlet", "Hamlet")
-    pg.get_by_text("Model weights in the fused score").click()
+    open_accordion(pg, "Model weights in the fused score", "#af-weight-1")
     box = pg.locator("#af-weight-1 input[type=number]")
     assert "gemma3-270m" in pg.locator("#af-weight-1").inner_text()  # labelled by its model
     box.fill("3")
@@ -368,7 +375,7 @@ def test_model_weights_steer_the_fused_score_and_show_in_the_pool(page):
 def test_a_learned_gate_weighs_each_round_and_the_views_show_it(page):
     pg = page
     fresh(pg, "QA · author of Hamlet", "Hamlet")
-    pg.get_by_text("Model weights in the fused score").click()
+    open_accordion(pg, "Model weights in the fused score", "#af-gate")
     pg.locator("#af-gate input").click()
     pg.get_by_role("option", name=re.compile(r"^qa: ")).click()
     time.sleep(1)

@@ -1,0 +1,97 @@
+"""Speculative proposals (issue 15): a confident model takes the tokens of the other models' spans it verified in one
+batched forward; the decode's decisions are the same, only the cost fields differ."""
+import pytest
+
+from adafuse import AdaFuse, ConfigError, DecodeConfig
+from adafuse.session import PREFIXES
+from adafuse.harness.tasks import DEFAULT_DATA, TASKS, read_examples
+from tests.test_real_models import gsm8k_prompt
+from tests.toy import toy_model
+
+COST = ("seconds", "forward_passes", "tokens_fed", "cached_tokens", "draft_tokens", "accepted_tokens",
+        "verify_passes")
+V = ["Q", " Paris", " London", ".", " is", " nice", " big", "\n"]
+A = {"Q": {" Paris": 0.9}, " Paris": {" is": 0.9}, " is": {" nice": 0.9}, " nice": {".": 0.9}, ".": {"<eos>": 0.9}}
+# b agrees on the first words, then wants " big": it takes a's draft up to there and writes on alone
+B = {"Q": {" Paris": 0.95}, " Paris": {" is": 0.95}, " is": {" big": 0.9}, " big": {".": 0.9}, ".": {"<eos>": 0.9}}
+
+
+def decisions(tr) -> dict:
+    """A trace without what it cost (and without the speculate setting itself)."""
+    d = tr.to_dict()
+    for key in ("seconds", "workers"):
+        d.pop(key)
+    d["settings"].pop("speculate")
+    for p in d["prefill"].values():
+        p.pop("seconds")
+    for r in d["rounds"]:
+        r.pop("seconds")
+        for s in r["steps"]:
+            for key in COST:
+                s.pop(key)
+    return d
+
+
+def both_ways(models, prompt, **settings):
+    out = []
+    for speculate in (False, True):
+        PREFIXES.entries.clear()
+        out.append(AdaFuse(models, DecodeConfig(speculate=speculate, **settings)).generate(prompt))
+    return out
+
+
+def forwards(tr) -> int:
+    return sum(s.forward_passes for r in tr.rounds for s in r.steps)
+
+
+def test_a_model_takes_the_verified_tokens_of_the_span_before_it_and_decides_the_same():
+    plain, spec = both_ways([toy_model("a", V, A), toy_model("b", V, B)], "Q", tau=0.5, max_words=3)
+    assert decisions(plain) == decisions(spec)  # bit for bit: every margin, NLL, pool, choice
+    b = spec.rounds[0].steps[1]
+    # b verified a's " Paris is nice." (4 tokens) in one forward and took " Paris", " is" from it
+    assert (b.verify_passes, b.draft_tokens, b.accepted_tokens) == (1, 4, 2)
+    assert spec.rounds[0].steps[0].verify_passes == 0  # a went first: nothing to verify
+    assert forwards(spec) == forwards(plain) - 1  # 2 tokens taken for 1 verifying forward
+    assert spec.output == plain.output
+
+
+def test_a_winning_span_taken_from_a_draft_is_committed_without_feeding_it_again():
+    plain, spec = both_ways([toy_model("a", V, A), toy_model("b", V, A)], "Q", tau=0.5, max_words=3)
+    assert decisions(plain) == decisions(spec)
+    r = spec.rounds[0]
+    assert r.steps[1].accepted_tokens == 4 and len(r.candidates) == 1  # the same span: nothing to score
+    assert forwards(spec) == forwards(plain) - 3
+
+
+def test_speculate_is_a_typed_setting():
+    with pytest.raises(ConfigError, match="speculate"):
+        DecodeConfig(speculate="yes")
+
+
+def flores_prompt(index: int) -> str:
+    task = TASKS["flores-de-en"]
+    head = (DEFAULT_DATA / task.folder / task.prompt_file).read_text()
+    return task.prompt(head, read_examples(DEFAULT_DATA / task.folder / task.file, index + 1)[index][1]["question"])
+
+
+@pytest.mark.parametrize("case", ["flores-de-en", "gsm8k"])
+def test_the_bundled_pair_decodes_the_same_with_fewer_forward_passes(pair, case):
+    if case == "gsm8k":
+        plain, spec = both_ways(pair, gsm8k_prompt(2), stop=("\n\nQuestion:",), max_new_words=30, branches=2)
+    else:
+        plain, spec = both_ways(pair, flores_prompt(1), stop=("\n",), max_new_words=30)
+    # Same words, pools and choices. A draft's tokens come from a k-token forward whose CPU kernels sum in another
+    # order than k one-token forwards (measured ~1e-5 apart), so the floats agree to a tolerance, not bit for bit.
+    a, b = decisions(plain), decisions(spec)
+    assert a["output"] == b["output"] and len(a["rounds"]) == len(b["rounds"])
+    for ra, rb in zip(a["rounds"], b["rounds"]):
+        assert [(c["text"], c["eos"], c["proposers"]) for c in ra["candidates"]] == \
+               [(c["text"], c["eos"], c["proposers"]) for c in rb["candidates"]]
+        assert (ra["chosen"], ra["text"]) == (rb["chosen"], rb["text"])
+        for sa, sb in zip(ra["steps"], rb["steps"]):
+            assert (sa["mode"], sa["proposals"]) == (sb["mode"], sb["proposals"])
+            assert sa["margins"] == pytest.approx(sb["margins"], abs=1e-4)
+        for ca, cb in zip(ra["candidates"], rb["candidates"]):
+            assert ca["nll"] == pytest.approx(cb["nll"], abs=1e-4)
+    accepted = sum(s.accepted_tokens for r in spec.rounds for s in r.steps)
+    assert accepted > 0 and forwards(spec) < forwards(plain)
