@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one weight per model, in --models order: fused score = Σ w·NLL / Σ w (default: equal)")
     run.add_argument("--gate", default="", metavar="PATH",
                      help="a learned gate file (per-round weights; assets/gates/ has ones for the bundled pair)")
+    run.add_argument("--normalize", choices=("token", "word"), default=d.normalize,
+                     help="average each candidate's NLL over its tokens (the paper) or over its words")
     run.add_argument("--speculate", action="store_true",
                      help="speculative proposals: a confident model first verifies the spans proposed before it this "
                           "round in one forward (same decode, fewer forward passes)")
@@ -140,7 +142,7 @@ def run(args) -> int:
                        max_new_words=args.max_new_words, max_new_tokens=args.max_new_tokens,
                        max_word_tokens=args.max_word_tokens, stop=tuple(_unescape(s) for s in args.stop),
                        system=_unescape(args.system), thinking=args.thinking, weights=tuple(args.weights), gate=args.gate,
-                       speculate=args.speculate)
+                       speculate=args.speculate, normalize=args.normalize)
     if not prompt.strip():
         raise PromptError("the prompt is empty: pass --prompt TEXT or --prompt-file PATH with some text")
     models = []

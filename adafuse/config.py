@@ -9,6 +9,7 @@ from .errors import ConfigError
 METHODS = ("adafuse", "greedy", "beam", "fixed-span", "token-union", "mixture")
 MODES = ("raw", "chat")
 EXPLORATIONS = ("surface", "embedding")
+NORMALIZATIONS = ("token", "word")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ class DecodeConfig:
     # proposed this round (and its own continuation left from the last round) in one batched forward, and takes their
     # tokens where they are its own greedy choice; the decode is the same, with fewer forward passes (README)
     speculate: bool = False
+    # what a candidate's NLL is averaged over before fusing: "token" (the paper: its tokens in each model's
+    # tokenization) or "word" (its words, the end of the answer counting as one): per token, a long word whose first
+    # token is unlikely and whose last tokens are near certain beats a likelier one-token word (docs/results.md)
+    normalize: str = "token"
 
     def __post_init__(self) -> None:
         def bad(name: str, value, fix: str) -> ConfigError:
@@ -108,6 +113,8 @@ class DecodeConfig:
         if any(not w >= 0 for w in weights) or (weights and sum(weights) <= 0):
             raise bad("weights", self.weights, "use non-negative numbers, at least one positive")
         object.__setattr__(self, "weights", weights)
+        if self.normalize not in NORMALIZATIONS:
+            raise bad("normalize", self.normalize, f"use one of {', '.join(NORMALIZATIONS)}")
         if not isinstance(self.speculate, bool):
             raise bad("speculate", self.speculate, "use True or False")
         if not isinstance(self.gate, str):

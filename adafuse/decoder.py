@@ -16,7 +16,7 @@ from .methods import METHODS
 from .parallel import Workers
 from .remote import RemoteModel
 from .report import candidate_label
-from .scoring import score_candidates
+from .scoring import candidate_nll, score_candidates
 from .selection import check_exploration
 from .session import LocalSession
 from .trace import Candidate, ModelStep, Round, Trace
@@ -26,7 +26,8 @@ from .words import count_words, find_stop
 MAX_MODELS = 4
 # settings that only steer the rounds still to come (`Decoding.reconfigure`)
 LIVE_SETTINGS = ("tau", "max_words", "branches", "diversity", "exploration", "explore_lambda", "max_new_words",
-                 "max_new_tokens", "weights", "gate", "speculate")
+                 "max_new_tokens", "weights", "gate", "speculate",
+                 "normalize")
 
 
 class Decoding:
@@ -181,7 +182,7 @@ class Decoding:
                 weights = gate.weights(feats)
                 self._gated = (weights, feats)
             for c in candidates:
-                c.fused = _fuse(c, weights)
+                c.fused = _fuse(c, weights, cfg.normalize)
         return steps, candidates
 
     def drafts_for(self, s: ModelView) -> list[str]:
@@ -265,7 +266,7 @@ class Decoding:
         self._leftover = {m: c.text[len(r.text):] for m, st in enumerate(r.steps)
                           if st.mode in ("commit", "span") and st.proposals
                           for c in [r.candidates[st.proposals[0]]]
-                          if not c.eos and r.text and len(c.text) > len(r.text) and c.text.startswith(r.text)}
+                          if r.text and len(c.text) > len(r.text) and c.text.startswith(r.text)}
         if stop is None:
             before = [_snapshot(s) for s in self.sessions]
             # a lazy method moves only the models that acted; the others catch up in a later round's first phase
@@ -359,11 +360,12 @@ def _open_view(lm: LoadedModel, prompt: str, config: DecodeConfig) -> ModelView:
     return LocalSession(lm, prompt, config.mode, config.stop, config.system, config.thinking)
 
 
-def _fuse(c: Candidate, weights: dict[str, float] | None = None) -> float | None:
-    """Mean NLL over the models that scored the candidate, weighted by `weights` when given (Σ w·NLL / Σ w; a model
-    of weight 0 is shown but does not count); None (ranked last) when a counted model gives it probability 0."""
+def _fuse(c: Candidate, weights: dict[str, float] | None = None, normalize: str = "token") -> float | None:
+    """Mean NLL (per token, or per word: `normalize`) over the models that scored the candidate, weighted by
+    `weights` when given (Σ w·NLL / Σ w; a model of weight 0 is shown but does not count); None (ranked last) when a
+    counted model gives it probability 0."""
     w = weights or {}
-    counted = {m: v for m, v in c.nll.items() if w.get(m, 1.0) > 0}
+    counted = {m: candidate_nll(c, m, normalize) for m in c.nll if w.get(m, 1.0) > 0}
     if any(v is None and c.notes.get(m, "").startswith("probability 0") for m, v in counted.items()):
         return None
     vals = [(w.get(m, 1.0), v) for m, v in counted.items() if v is not None]

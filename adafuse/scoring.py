@@ -93,3 +93,12 @@ def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int,
 
 def _real(seq: list[int]) -> list[int]:
     return seq[:-1] if seq and seq[-1] == END else seq
+
+
+def candidate_nll(c, model: str, normalize: str = "token") -> float | None:
+    """Model `model`'s NLL of candidate `c` (a trace `Candidate`) as it enters the fused score: per token as scored,
+    or per word (its total NLL over its words, the end of the answer counting as one word)."""
+    v = c.nll.get(model)
+    if v is None or normalize == "token":
+        return v
+    return v * c.n_tokens[model] / max(1, c.words + int(c.eos))

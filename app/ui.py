@@ -111,15 +111,18 @@ def gate_choices() -> list[tuple[str, str]]:
     return out
 
 
+NORMALIZE = {"per token (paper)": "token", "per word": "word"}
+
+
 def _settings(names, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
-              system, thinking, speculate, gate, *weights) -> DecodeConfig:
+              system, thinking, speculate, normalize, gate, *weights) -> DecodeConfig:
     picked = [float(w) for w in weights[: len([n for n in names or [] if str(n).strip()])]]
     return DecodeConfig(tau=float(tau), max_words=int(max_words), branches=int(branches), diversity=bool(diversity),
                         exploration=exploration, explore_lambda=float(lam),
                         max_new_words=int(max_new_words), max_new_tokens=int(max_new_tokens), mode=mode,
                         stop=parse_stops(stop), system=(system or "").strip(), thinking=THINKING[thinking],
                         weights=tuple(picked) if len(set(picked)) > 1 else (), gate=gate or "",
-                        speculate=bool(speculate))
+                        speculate=bool(speculate), normalize=NORMALIZE.get(normalize, normalize))
 
 
 def weight_sliders(names):
@@ -319,6 +322,11 @@ def build_demo() -> gr.Blocks:
                     weights = [gr.Slider(0, 5, value=1, step=0.25, label=f"Weight of {n}" if i < len(DEFAULT_PAIR)
                                          else "Weight", visible=i < len(DEFAULT_PAIR), elem_id=f"af-weight-{i}")
                                for i, n in enumerate(list(DEFAULT_PAIR) + [""] * (MAX_MODELS - len(DEFAULT_PAIR)))]
+                    normalize = gr.Radio(list(NORMALIZE), value=next(iter(NORMALIZE)), elem_id="af-normalize",
+                                         label="Each model's NLL of a candidate, averaged",
+                                         info="Per token (the paper) lets a long word with an unlikely first token "
+                                              "and a near-certain tail beat a likelier short word; per word counts "
+                                              "its whole NLL (the end of the answer is one word).")
                     gate = gr.Dropdown(gate_choices(), value="", label="Learned gate (per-round weights)",
                                        info="Weights each round from what the models show (margin, entropy, "
                                             "confidence, own NLL, position); replaces the sliders. Trained for "
@@ -369,7 +377,7 @@ def build_demo() -> gr.Blocks:
                    choice, status, download, loaded_df, unload_pick, cancel_btn, tree_view, picks_df]
         assert outputs[STATUS_AT] is status
         settings = [models, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens,
-                    mode, stop, system, thinking, speculate, gate, *weights]
+                    mode, stop, system, thinking, speculate, normalize, gate, *weights]
         api.register()  # /decode and /models for gradio_client
 
         # ---- wiring ----

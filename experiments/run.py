@@ -53,6 +53,12 @@ def weighted(task: str) -> list[str]:
     gate = ROOT / "assets" / "gates" / f"{fam}.json"
     if gate.exists():
         out.append(f"adafuse+gate=adafuse[gate={gate.relative_to(ROOT)}]")
+    # the same static weights with each candidate's NLL averaged per word, where that scored better on the training
+    # examples (results/gate/normalize-<family>.json, from `gate search --normalize token|word`)
+    norm = ROOT / "results" / "gate" / f"normalize-{fam}.json"
+    if norm.exists() and json.loads(norm.read_text())["chosen"] == "word":
+        w = json.loads(norm.read_text())["weights"]
+        out.append(f"adafuse+weights+word=adafuse[weights={'/'.join(f'{x:g}' for x in w)},normalize=word]")
     return out
 
 

@@ -252,3 +252,25 @@ def test_a_setting_changed_while_a_round_is_pending_applies_from_the_next_round(
     assert d.commit().stop == "max_new_words"  # the new cap binds from round 1
     with pytest.raises(ConfigError):
         AdaFuse(pair(), cfg).start("Q").reconfigure(replace(cfg, mode="chat"))
+
+
+def test_per_word_normalization_keeps_the_likelier_word_over_a_long_one_with_a_certain_tail():
+    vocab = ["Q", " Bot", "sch", "after", " Nach", " big"]
+    rules = {"Q": {" Nach": 0.4, " Bot": 0.35, " big": 0.1}, " Bot": {"sch": 0.99}, "sch": {"after": 0.99},
+             "after": {"<eos>": 0.99}, " Nach": {"<eos>": 0.99}, " big": {"<eos>": 0.99}}
+    models = toy_model("a", vocab, rules), toy_model("b", vocab, rules)
+    per_token = AdaFuse(models, DecodeConfig(branches=2, max_new_words=1)).start("Q").propose()
+    per_word = AdaFuse(models, DecodeConfig(branches=2, max_new_words=1, normalize="word")).start("Q").propose()
+    texts = [c.text for c in per_token.candidates]
+    assert [c.text for c in per_word.candidates] == texts  # the pool is the same both ways
+    long = texts.index(" Botschafter")
+    short = texts.index(" Nach")
+    # per token the long word's near-certain tail dilutes its unlikely first token; per word (the end counting as
+    # one) its whole NLL counts: 4 tokens over 2 units, against the short word's 2 tokens over 2
+    assert per_token.candidates[long].fused == pytest.approx(nll(0.35, 0.99, 0.99, 0.99), abs=1e-5)
+    assert per_token.winner == long
+    assert per_word.candidates[long].fused == pytest.approx(4 * nll(0.35, 0.99, 0.99, 0.99) / 2, abs=1e-5)
+    assert per_word.candidates[short].fused == pytest.approx(nll(0.4, 0.99), abs=1e-5)
+    assert per_word.winner == short
+    with pytest.raises(ConfigError, match="normalize"):
+        DecodeConfig(normalize="char")

@@ -95,3 +95,18 @@ def test_the_bundled_pair_decodes_the_same_with_fewer_forward_passes(pair, case)
             assert ca["nll"] == pytest.approx(cb["nll"], abs=1e-4)
     accepted = sum(s.accepted_tokens for r in spec.rounds for s in r.steps)
     assert accepted > 0 and forwards(spec) < forwards(plain)
+
+
+def test_side_by_side_a_model_verifies_only_its_own_span_left_from_the_last_round():
+    # a proposes " Paris is nice." (M=3), b only " Paris is" (its margin drops): b's span wins, a's " nice." is left
+    b_rules = dict(A, **{" is": {" nice": 0.5, " big": 0.45}})
+    out = []
+    for speculate in (False, True):
+        models = [toy_model("a", V, A), toy_model("b", V, b_rules)]
+        out.append(AdaFuse(models, DecodeConfig(tau=0.5, max_words=3, speculate=speculate), parallel=True,
+                           threads=1).generate("Q"))
+    plain, spec = out
+    assert spec.workers.startswith("parallel") and decisions(plain) == decisions(spec)
+    assert [s.verify_passes for s in spec.rounds[0].steps] == [0, 0]  # nothing proposed yet when both start
+    assert spec.rounds[0].text == " Paris is"  # a's left-over " nice." is its draft in round 1
+    assert spec.rounds[1].steps[0].draft_tokens == 2 and spec.rounds[1].steps[0].accepted_tokens == 2

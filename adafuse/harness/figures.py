@@ -8,6 +8,7 @@ from typing import Iterable
 import plotly.graph_objects as go
 
 from ..report import candidate_label
+from ..scoring import candidate_nll
 from ..trace import Round, Trace
 
 KIND_COLORS = {"commit": "#c8ecd4", "explore": "#fde2b8", "override": "#e3d2fb"}
@@ -105,9 +106,12 @@ def pool_figure(trace: Trace | None, index: int | None = None, pending: Round | 
         return empty_figure(title)
     labels = [f"{i}: {candidate_label(c.text, c.eos)}" for i, c in enumerate(r.candidates)]
     models = trace.models if trace else sorted({m for c in r.candidates for m in c.nll})
+    per = (trace.settings.get("normalize") if trace else None) or "token"  # the NLLs as the fused score averaged them
+    unit = " per word" if per == "word" else ""
     fig = go.Figure()
     for k, model in enumerate(models):
-        fig.add_trace(go.Bar(x=labels, y=[c.nll.get(model) for c in r.candidates], name=f"NLL {model}",
+        fig.add_trace(go.Bar(x=labels, y=[candidate_nll(c, model, per) for c in r.candidates],
+                             name=f"NLL{unit} {model}",
                              marker_color=MODEL_COLORS[k % 4], opacity=0.75,
                              hovertext=[_hover(c, model) for c in r.candidates],
                              hovertemplate="%{x}<br>NLL %{y:.3f} · %{hovertext}<extra></extra>"))
@@ -130,7 +134,8 @@ def pool_figure(trace: Trace | None, index: int | None = None, pending: Round | 
     if all(v is None for v in fused):
         fig.add_annotation(text="one candidate only: nothing to score", showarrow=False, yref="paper", y=0.5)
     fig.update_xaxes(tickfont=dict(size=13))  # "⏎ end" at the size of every other label
-    return _layout(fig, f"{title}: round {r.index} ({state})", "candidate (proposers in hover)", "NLL (lower is better)")
+    return _layout(fig, f"{title}: round {r.index} ({state})", "candidate (proposers in hover)",
+                   f"NLL{unit} (lower is better)")
 
 
 def _hover(c, model: str) -> str:

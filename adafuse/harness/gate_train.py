@@ -35,6 +35,7 @@ from ..decoder import AdaFuse
 from ..errors import ConfigError
 from ..gate import FEATURES, Gate, gate_weights, stack
 from ..loading import get_model
+from ..scoring import candidate_nll
 from .tasks import DEFAULT_DATA, TASKS, Task, read_examples
 
 TRAIN_OFFSET = 101  # first line used for training; docs/results.md reports lines 1..50
@@ -78,7 +79,7 @@ def prompt_of(task: Task, data: Path, ex: dict) -> str:
 
 
 def search(models: list[str], tasks: list[str], grid: list[tuple[float, ...]], data: Path, offset: int,
-           per_task: int, log=print) -> dict:
+           per_task: int, log=print, normalize: str = "token") -> dict:
     """Mean reward of each static weighting on the training examples; the best one first."""
     lms = [get_model(m) for m in models]
     exs = training_examples(tasks, data, offset, per_task)
@@ -87,7 +88,7 @@ def search(models: list[str], tasks: list[str], grid: list[tuple[float, ...]], d
         t0, total, per = time.perf_counter(), 0.0, {}
         for name, _, ex in exs:
             task = TASKS[name]
-            tr = AdaFuse(lms, task_config(task, weights=w)).generate(prompt_of(task, data, ex))
+            tr = AdaFuse(lms, task_config(task, weights=w, normalize=normalize)).generate(prompt_of(task, data, ex))
             r = reward(task, tr.output, ex["answer"])
             total += r
             per.setdefault(name, []).append(r)
@@ -97,10 +98,11 @@ def search(models: list[str], tasks: list[str], grid: list[tuple[float, ...]], d
         rows.append(row)
     best = max(rows, key=lambda r: (r["reward"], -grid.index(tuple(r["weights"]))))
     return {"models": models, "tasks": tasks, "offset": offset, "examples": len(exs), "grid": rows,
-            "best": best["weights"]}
+            "best": best["weights"], "normalize": normalize}
 
 
-def _gated_scores(r, names: list[str], W: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, list[int]] | None:
+def _gated_scores(r, names: list[str], W: torch.Tensor, b: torch.Tensor,
+                  normalize: str = "token") -> tuple[torch.Tensor, list[int]] | None:
     """The round's candidates' gated scores with their gradient (candidates ranked last excluded), or None when the
     round offers no choice."""
     if not r.features or len(r.candidates) < 2:
@@ -110,7 +112,7 @@ def _gated_scores(r, names: list[str], W: torch.Tensor, b: torch.Tensor) -> tupl
     for i, c in enumerate(r.candidates):
         if c.fused is None:
             continue
-        vals = [(w[k], c.nll[m]) for k, m in enumerate(names) if c.nll.get(m) is not None]
+        vals = [(w[k], v) for k, m in enumerate(names) if (v := candidate_nll(c, m, normalize)) is not None]
         if not vals:
             continue
         keep.append(i)
@@ -123,7 +125,7 @@ def _gated_scores(r, names: list[str], W: torch.Tensor, b: torch.Tensor) -> tupl
 def train(models: list[str], tasks: list[str], out: Path, data: Path = DEFAULT_DATA, steps: int = 300,
           offset: int = TRAIN_OFFSET, per_task: int = 200, seed: int = 0, lr: float = 0.05,
           temperature: float = 0.5, save_every: int = 10, progress: bool = True, log=print,
-          init: tuple[float, ...] = (), baseline: str = "self-critical") -> Gate:
+          init: tuple[float, ...] = (), baseline: str = "self-critical", normalize: str = "token") -> Gate:
     lms = [get_model(m) for m in models]
     names = [lm.name for lm in lms]
     exs = training_examples(tasks, data, offset, per_task)
@@ -137,7 +139,8 @@ def train(models: list[str], tasks: list[str], out: Path, data: Path = DEFAULT_D
     state = {"step": 0, "baseline": {}, "curve": []}
     ckpt = out.with_name(out.name + ".ckpt")
     args = {"models": names, "tasks": tasks, "offset": offset, "per_task": per_task, "seed": seed, "lr": lr,
-            "temperature": temperature, "init": list(init), "baseline": baseline}
+            "temperature": temperature, "init": list(init), "baseline": baseline,
+            **({"normalize": normalize} if normalize != "token" else {})}
     if baseline not in ("self-critical", "running"):
         raise ConfigError(f"baseline {baseline!r}: use self-critical or running")
     if ckpt.exists():
@@ -162,12 +165,12 @@ def train(models: list[str], tasks: list[str], out: Path, data: Path = DEFAULT_D
         task = TASKS[name]
         gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
         gate = Gate(names, W.detach().tolist(), b.detach().tolist())
-        d = AdaFuse(lms, task_config(task)).start(prompt_of(task, data, ex))
+        d = AdaFuse(lms, task_config(task, normalize=normalize)).start(prompt_of(task, data, ex))
         d.gate_object = gate
         logps, deviations, choices = [], 0, 0
         while not d.done:
             r = d.propose()
-            got = _gated_scores(r, names, W, b)
+            got = _gated_scores(r, names, W, b, normalize)
             if got is None:
                 d.commit()
                 continue
@@ -182,7 +185,7 @@ def train(models: list[str], tasks: list[str], out: Path, data: Path = DEFAULT_D
         if baseline == "running":
             base = state["baseline"].get(name, R)
         elif deviations:  # self-critical: the same example decoded greedily with the same gate
-            g = AdaFuse(lms, task_config(task)).start(prompt_of(task, data, ex))
+            g = AdaFuse(lms, task_config(task, normalize=normalize)).start(prompt_of(task, data, ex))
             g.gate_object = gate
             while not g.done:
                 g.commit()
@@ -231,6 +234,8 @@ def main(argv=None) -> int:
         s.add_argument("--data", type=Path, default=DEFAULT_DATA)
         s.add_argument("--offset", type=int, default=TRAIN_OFFSET, help="first data line used (reports use 1..50)")
         s.add_argument("--examples", type=int, default=200, help="training examples per task")
+        s.add_argument("--normalize", choices=("token", "word"), default="token",
+                       help="average each candidate's NLL over its tokens (the paper) or its words")
     t = sub.choices["train"]
     t.add_argument("--out", type=Path, required=True, help="the gate file to write (a checkpoint sits beside it)")
     t.add_argument("--steps", type=int, default=300)
@@ -259,7 +264,7 @@ def main(argv=None) -> int:
             if len(w) != len(args.models) or not all(math.isfinite(x) and x >= 0 for x in w):
                 raise ConfigError(f"--grid {g!r}: give {len(args.models)} non-negative numbers")
             grid.append(w)
-        res = search(args.models, args.task, grid, args.data, args.offset, args.examples)
+        res = search(args.models, args.task, grid, args.data, args.offset, args.examples, normalize=args.normalize)
         print(f"best weights: {res['best']}")
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -270,5 +275,6 @@ def main(argv=None) -> int:
     except ValueError:
         raise ConfigError(f"--init {args.init!r}: use comma-separated numbers, one per model") from None
     train(args.models, args.task, args.out, args.data, args.steps, args.offset, args.examples, args.seed, args.lr,
-          args.temperature, progress=not args.no_progress, init=init, baseline=args.baseline)
+          args.temperature, progress=not args.no_progress, init=init, baseline=args.baseline,
+          normalize=args.normalize)
     return 0

@@ -348,7 +348,7 @@ def _exploration(rows, per_ex, tasks, figs: Path, obs: list[str]) -> list[str]:
 
 
 GATES = Path(__file__).resolve().parents[2] / "assets" / "gates"
-WEIGHTED = ("adafuse+weights", "adafuse+gate")
+WEIGHTED = ("adafuse+weights", "adafuse+gate", "adafuse+weights+word")
 
 
 def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: list[str]) -> list[str]:
@@ -377,6 +377,18 @@ def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: 
     if search:
         out += ["Static weights tried on the training examples (reward: token F1 for QA, chrF/100 for translation):",
                 "", _markdown(search), ""]
+    norms = []
+    for path in sorted(results.glob("gate/normalize-*.json")):
+        res = json.loads(path.read_text())
+        norms.append({"family": path.stem.removeprefix("normalize-"), "tasks": ", ".join(res["tasks"]),
+                      "weights": " / ".join(f"{w:g}" for w in res["weights"]), "examples": res["examples"],
+                      "reward, NLL per token": round(res["token"], 4), "reward, NLL per word": round(res["word"], 4),
+                      "chosen": res["chosen"]})
+    if norms:
+        out += ["`adafuse+weights+word`: the same static weights with each model's NLL of a candidate averaged over "
+                "its words (the end of the answer counting as one) instead of its tokens — tried on the training "
+                "examples after the traces showed why the weighted methods trail the strong model on Flores (below); "
+                "run where it scored better there:", "", _markdown(norms), ""]
     gates, fig = [], go.Figure()
     for path in sorted(GATES.glob("*.json")):
         g = json.loads(path.read_text())
@@ -420,6 +432,14 @@ def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: 
     if shares:
         out += ["The gate's weight share per model (rounds with a scored pool, reported examples):", "",
                 _markdown(shares), ""]
+    why = _departures(rows, tasks, have, best.removeprefix("greedy:"))
+    if why:
+        out += [f"Where the weighted methods leave {best}'s own word (rounds of the reported examples in which the "
+                f"chosen candidate is not {best.removeprefix('greedy:')}'s first proposal — its greedy span, or its "
+                "most likely word when it explores; 'longer': the strong model proposed the chosen word itself and "
+                "it is more of its tokens; 'own score prefers': its own length-normalized NLL of the chosen word is "
+                "lower than of its first proposal; 'kept by a sum': a summed, not averaged, NLL of the strong model "
+                "would have kept its first proposal):", "", _markdown(why), ""]
     # paired differences and the targets
     pair_rows = []
     for t in tasks:
@@ -453,6 +473,48 @@ def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: 
     return out
 
 
+def _departures(rows, tasks, methods, strong: str) -> list[dict]:
+    """Per task and weighted method: how often the chosen candidate differs from the strong model's first proposal,
+    and why (from the traces)."""
+    out = []
+    for t in tasks:
+        if not t.startswith("flores"):
+            continue
+        for m in methods:
+            n = rounds = longer = own_other = other = ended = prefers = kept = 0
+            for r in rows:
+                if r["task"] != t or r["method"] != m or strong not in r["trace"]["models"]:
+                    continue
+                n += 1
+                for rd in r["trace"]["rounds"]:
+                    st = next(s for s in rd["steps"] if s["model"] == strong)
+                    rounds += 1
+                    if not st["proposals"] or rd["chosen"] == st["proposals"][0]:
+                        continue
+                    c, g = rd["candidates"][rd["chosen"]], rd["candidates"][st["proposals"][0]]
+                    if c["eos"] and not c["text"].strip():
+                        ended += 1
+                    elif rd["chosen"] in st["proposals"]:
+                        if (c["n_tokens"].get(strong) or 0) > (g["n_tokens"].get(strong) or 0):
+                            longer += 1
+                        else:
+                            own_other += 1
+                    else:
+                        other += 1
+                    cn, gn = c["nll"].get(strong), g["nll"].get(strong)
+                    if cn is not None and gn is not None:
+                        prefers += cn < gn
+                        kept += cn * c["n_tokens"][strong] > gn * g["n_tokens"][strong]
+            if n:
+                left = longer + own_other + other + ended
+                out.append({"task": t, "method": m, "examples": n, "rounds": rounds,
+                            f"left {strong}'s word": f"{left} ({100 * left / max(1, rounds):.0f} %)",
+                            "its own longer word": longer, "its own other word": own_other,
+                            "the other model's": other, "the end": ended,
+                            "own score prefers": prefers, "kept by a sum": kept})
+    return out
+
+
 def _num(v, nd: int = 2) -> str:
     return "n/a" if v is None else f"{v:.{nd}f}"
 
@@ -464,7 +526,7 @@ def build(results: Path, docs: Path) -> Path:
     tasks = [t for t in TASKS if any(k[0] == t for k in summary)]
     figs = docs / "figures"
     figs.mkdir(parents=True, exist_ok=True)
-    main_methods = [m for m in ("adafuse", "adafuse+weights", "adafuse+gate", "beam", "fixed-span-1", "fixed-span-2",
+    main_methods = [m for m in ("adafuse", "adafuse+weights", "adafuse+gate", "adafuse+weights+word", "beam", "fixed-span-1", "fixed-span-2",
                                 "fixed-span-3", "token-union", "mixture") if any((t, m) in summary for t in tasks)]
     singles = sorted({m for _, m in summary if m.startswith("greedy:")})
     order = singles + main_methods
