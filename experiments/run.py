@@ -53,12 +53,13 @@ def weighted(task: str) -> list[str]:
     gate = ROOT / "assets" / "gates" / f"{fam}.json"
     if gate.exists():
         out.append(f"adafuse+gate=adafuse[gate={gate.relative_to(ROOT)}]")
-    # the same static weights with each candidate's NLL averaged per word, where that scored better on the training
-    # examples (results/gate/normalize-<family>.json, from `gate search --normalize token|word`)
+    # the static weights with each candidate's NLL averaged per token or per word, whichever scored better on the
+    # family's training examples (results/gate/normalize-<family>.json, from `gate search --normalize token|word`)
     norm = ROOT / "results" / "gate" / f"normalize-{fam}.json"
-    if norm.exists() and json.loads(norm.read_text())["chosen"] == "word":
-        w = json.loads(norm.read_text())["weights"]
-        out.append(f"adafuse+weights+word=adafuse[weights={'/'.join(f'{x:g}' for x in w)},normalize=word]")
+    if norm.exists():
+        res = json.loads(norm.read_text())
+        out.append(f"adafuse+tuned=adafuse[weights={'/'.join(f'{x:g}' for x in res['weights'])},"
+                   f"normalize={res['chosen']}]")
     return out
 
 

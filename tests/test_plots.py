@@ -1,4 +1,5 @@
 """Plot builders and formatting from hand-built traces (no models, no Gradio)."""
+import pytest
 import plotly.graph_objects as go
 
 from adafuse.report import format_table, round_rows
@@ -118,3 +119,24 @@ def test_round_table_and_cost():
     assert trace().cost("a") == {"forward_passes": 5, "tokens_fed": 10, "seconds": 0.25, "cached_tokens": 0}
     frame = plots.cost_frame(trace(), {"a": trace()})
     assert list(frame["run"]) == ["ensemble", "ensemble", "alone", "alone"]
+
+
+def test_cost_view_counts_speculative_drafts_when_they_were_on():
+    assert "accepted tokens" not in plots.cost_frame(trace()).columns  # off: no columns for it
+    t = trace()
+    t.settings["speculate"] = True
+    step = t.rounds[1].steps[0]
+    step.draft_tokens, step.accepted_tokens, step.verify_passes = 6, 4, 1
+    frame = plots.cost_frame(t).set_index("model")
+    assert frame.loc["a", "draft tokens"] == 6 and frame.loc["a", "accepted tokens"] == 4
+    assert frame.loc["a", "forwards saved"] == 3 and frame.loc["b", "forwards saved"] == 0
+
+
+def test_pool_view_draws_nll_per_word_when_the_score_averaged_per_word():
+    t = trace()
+    t.settings["normalize"] = "word"
+    fig = plots.pool_figure(t, 1)
+    bars = {b.name: list(b.y) for b in fig.data if b.type == "bar"}
+    # " blue.\n" ends the answer: b's 3 tokens of NLL 1.0 over 1 word + the end
+    assert bars["NLL per word b"] == pytest.approx([0.5, 0.4, 1.5])
+    assert "per word" in fig.layout.yaxis.title.text

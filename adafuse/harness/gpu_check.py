@@ -136,6 +136,9 @@ def main(argv=None) -> int:
                 name = f"AdaFuse B={b} τΔ={tau} " + ("parallel" if parallel else "sequential")
                 runs.append((name, lambda pr, c, b=b, tau=tau, par=parallel:
                              AdaFuse(models, c, branches=b, tau=tau, parallel=par).generate(pr)))
+        # speculative proposals (issue 15): the lighter model's span verified by the other in one forward
+        runs.append((f"AdaFuse B={b} τΔ=0.7 sequential speculative", lambda pr, c, b=b:
+                     AdaFuse(models, c, branches=b, tau=0.7, parallel=False, speculate=True).generate(pr)))
     cfg = DecodeConfig(max_new_words=args.words, max_new_tokens=4 * args.words)
     runs[0][1](prompts[0], cfg)  # warm-up (kernels, allocator)
     for name, fn in runs:

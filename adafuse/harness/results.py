@@ -348,7 +348,7 @@ def _exploration(rows, per_ex, tasks, figs: Path, obs: list[str]) -> list[str]:
 
 
 GATES = Path(__file__).resolve().parents[2] / "assets" / "gates"
-WEIGHTED = ("adafuse+weights", "adafuse+gate", "adafuse+weights+word")
+WEIGHTED = ("adafuse+weights", "adafuse+gate", "adafuse+tuned")
 
 
 def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: list[str]) -> list[str]:
@@ -385,10 +385,10 @@ def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: 
                       "reward, NLL per token": round(res["token"], 4), "reward, NLL per word": round(res["word"], 4),
                       "chosen": res["chosen"]})
     if norms:
-        out += ["`adafuse+weights+word`: the same static weights with each model's NLL of a candidate averaged over "
-                "its words (the end of the answer counting as one) instead of its tokens — tried on the training "
-                "examples after the traces showed why the weighted methods trail the strong model on Flores (below); "
-                "run where it scored better there:", "", _markdown(norms), ""]
+        out += ["`adafuse+tuned`: the same static weights, with each model's NLL of a candidate averaged over its "
+                "tokens (the paper) or over its words (the end of the answer counting as one), whichever scored better "
+                "on the family's training examples — tried after the traces showed why the weighted methods trail "
+                "the strong model on Flores (below):", "", _markdown(norms), ""]
     gates, fig = [], go.Figure()
     for path in sorted(GATES.glob("*.json")):
         g = json.loads(path.read_text())
@@ -526,7 +526,7 @@ def build(results: Path, docs: Path) -> Path:
     tasks = [t for t in TASKS if any(k[0] == t for k in summary)]
     figs = docs / "figures"
     figs.mkdir(parents=True, exist_ok=True)
-    main_methods = [m for m in ("adafuse", "adafuse+weights", "adafuse+gate", "adafuse+weights+word", "beam", "fixed-span-1", "fixed-span-2",
+    main_methods = [m for m in ("adafuse", "adafuse+weights", "adafuse+gate", "adafuse+tuned", "beam", "fixed-span-1", "fixed-span-2",
                                 "fixed-span-3", "token-union", "mixture") if any((t, m) in summary for t in tasks)]
     singles = sorted({m for _, m in summary if m.startswith("greedy:")})
     order = singles + main_methods
