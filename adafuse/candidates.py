@@ -68,16 +68,20 @@ def greedy_span(s: ModelView, max_words: int, tau: float | None, max_word_tokens
 
 
 def draft_rows(s: ModelView, drafts: Sequence[str], first: int, cap: int) -> list[list[int]]:
-    """The drafts as this model's tokens after its committed ids (tokenized in context, at most `cap` tokens), kept
-    when they start with the token the model chooses first and run past it; none that another row already holds."""
+    """The drafts as this model's tokens after its committed ids (tokenized in context as scoring tokenizes them, at
+    most `cap` tokens); none that another row already holds. Every draft is another model's proposal, so the pool
+    will hold it: its verified log-probs are also its scores (`ModelView.verified`). None at all when no draft can
+    save a forward (none starts with the token the model chooses first and runs past it): scoring does that then."""
     rows: list[tuple[int, ...]] = []
     for text in drafts:
         ids = s.encode(s.text + text)
         if ids[: len(s.ids)] != s.ids:  # the draft's first token merges with the committed text
             continue
         row = tuple(ids[len(s.ids):][:cap])
-        if len(row) >= 2 and row[0] == first and row not in rows:
+        if row and row not in rows:
             rows.append(row)
+    if not any(len(r) >= 2 and r[0] == first for r in rows):
+        return []
     return [list(r) for r in rows if not any(len(o) > len(r) and o[: len(r)] == r for o in rows)]
 
 

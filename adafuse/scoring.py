@@ -49,15 +49,25 @@ def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int,
                 (target[-1] == p.tokens[-1] or (target[-1] == END and p.eos)):
             logps[i] = list(p.logprobs)
     todo = [i for i in range(len(cands)) if logps[i] is None]
+    # a candidate whose tokens a verifying forward of this round already ran (speculative proposals: another model's
+    # span, verified by this one before it wrote its own): its distributions, and its KV kept for a commit
+    pre = {}
+    for i in todo:
+        tokens = _real(seqs[i])[n_ids:]
+        if aligned[i] and starts[i] == n_ids and tokens:
+            dists = s.verified(tokens)
+            if dists is not None:
+                pre[i] = dists  # (len(tokens), V): entry j is the distribution after tokens[:j + 1]
+    batch = [i for i in todo if i not in pre]
     # position p's distribution: `next_logprobs` when p == len(ids) on y's own tokens, else the output of a batch
     # row fed from `ctx`, the earliest position any candidate needs
-    batched = {i: [p for p in range(starts[i], len(seqs[i])) if p != n_ids or not aligned[i]] for i in todo}
-    ctx = min([n_ids] + [p - 1 for i in todo for p in batched[i][:1]])
+    batched = {i: [p for p in range(starts[i], len(seqs[i])) if p != n_ids or not aligned[i]] for i in batch}
+    ctx = min([n_ids] + [p - 1 for i in batch for p in batched[i][:1]])
     # where the candidate may be committed next (no end marker, scored from the end of ids), feed its last token too:
     # one more position gives the KV and next-token distribution a commit would compute
-    full = {i: ctx == n_ids and aligned[i] and seqs[i][-1] != END for i in todo}
-    rows = {i: _real(seqs[i])[ctx:] if full[i] or seqs[i][-1] == END else _real(seqs[i])[ctx:-1] for i in todo}
-    fed = [i for i in todo if rows[i]]
+    full = {i: ctx == n_ids and aligned[i] and seqs[i][-1] != END for i in batch}
+    rows = {i: _real(seqs[i])[ctx:] if full[i] or seqs[i][-1] == END else _real(seqs[i])[ctx:-1] for i in batch}
+    fed = [i for i in batch if rows[i]]
     # per fed row, the entries read below and the tokens read there (a served model is asked for just these)
     wanted = [{p - ctx - 1: sorted(s.end_ids) if seqs[i][p] == END else [seqs[i][p]] for p in batched[i]} for i in fed]
     out = dict(zip(fed, s.score_rows(ctx, [rows[i] for i in fed], [full[i] for i in fed], wanted)))
@@ -71,7 +81,7 @@ def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int,
     for i in todo:
         lo = len(picked)
         for p in range(starts[i], len(seqs[i])):
-            dist = first if p == n_ids and aligned[i] else out[i][p - ctx - 1]  # (V,)
+            dist = first if p == n_ids and aligned[i] else pre[i][p - n_ids - 1] if i in pre else out[i][p - ctx - 1]
             tok = seqs[i][p]
             picked.append(end_logprobs(s, dist) if tok == END else dist[tok])
         spans[i] = (lo, len(picked))

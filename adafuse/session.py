@@ -256,6 +256,7 @@ class LocalSession(TokenizedView):
         # token tuples after `ids` whose KV (new positions only) and next-token log-probs a batch already computed
         self.adoptable: dict[tuple[int, ...], tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]] = {}
         self._drafts: _Drafts | None = None  # verified drafts `extend` may take tokens from (speculative proposals)
+        self._verified: _Drafts | None = None  # the last verified drafts, read by scoring until the next commit
         PREFIXES.store(lm, self.ids, self.cache)
 
     # ---- forward passes ----
@@ -298,10 +299,21 @@ class LocalSession(TokenizedView):
         cache = self.side_cache(start, len(rows))
         # right padding, as in scoring: causal attention keeps every real position blind to the pads after it
         logprobs = self.run(cache, [r + [r[0]] * (width - len(r)) for r in rows])  # (N, T, V)
-        self._drafts = _Drafts(rows, logprobs, cache, start)
+        self._drafts = self._verified = _Drafts(rows, logprobs, cache, start)
         self.verify_passes += 1
         self.draft_tokens += sum(len(r) for r in rows)
         return sum(len(r) for r in rows)
+
+    def verified(self, tokens: list[int]) -> torch.Tensor | None:
+        v = self._verified
+        if v is None or v.start != len(self.ids):
+            return None
+        n = len(tokens)
+        for i, r in enumerate(v.rows):
+            if len(r) >= n and r[:n] == tokens:
+                self.remember(tokens, v.cache, i, v.start, v.logprobs[i, n - 1])
+                return v.logprobs[i, :n]
+        return None
 
     def settle(self) -> None:
         d, self._drafts = self._drafts, None
@@ -346,6 +358,7 @@ class LocalSession(TokenizedView):
         self.ids = new
         self.text = y
         self.adoptable = {}
+        self._verified = None
         self._move_anchor()
 
     def remember(self, tokens: list[int], cache: DynamicCache, row: int, start: int, logprobs: torch.Tensor) -> None:

@@ -74,6 +74,12 @@ class ModelView(ABC):
         makes the live state hold what was taken. Returns the positions verified (0: this view does not draft)."""
         return 0
 
+    def verified(self, tokens: list[int]) -> torch.Tensor | None:
+        """(len(tokens), V) log-probs a verifying forward (`draft`) of this round computed for these tokens after the
+        committed ids (entry j: the distribution after tokens[:j + 1]), keeping their state for a commit; None when
+        no draft row starts with them."""
+        return None
+
     def settle(self) -> None:
         """End drafting: the live state holds every token `extend` was given (a draft's computed state adopted)."""
 

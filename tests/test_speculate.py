@@ -51,7 +51,9 @@ def test_a_model_takes_the_verified_tokens_of_the_span_before_it_and_decides_the
     # b verified a's " Paris is nice." (4 tokens) in one forward and took " Paris", " is" from it
     assert (b.verify_passes, b.draft_tokens, b.accepted_tokens) == (1, 4, 2)
     assert spec.rounds[0].steps[0].verify_passes == 0  # a went first: nothing to verify
-    assert forwards(spec) == forwards(plain) - 1  # 2 tokens taken for 1 verifying forward
+    # 2 tokens taken for 1 verifying forward, and b scores a's span from that forward: no scoring forward of its own
+    assert forwards(spec) == forwards(plain) - 2
+    assert b.forward_passes == [s for s in plain.rounds[0].steps if s.model == "b"][0].forward_passes - 2
     assert spec.output == plain.output
 
 
