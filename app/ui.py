@@ -302,7 +302,8 @@ def build_demo() -> gr.Blocks:
                         rounds_df = gr.Dataframe(plots.rounds_frame(None), label="Rounds", elem_id="af-rounds",
                                                  wrap=True)
                         cost_plot = gr.Plot(plots.cost_figure(None), elem_id="af-cost")
-                        cost_df = gr.Dataframe(plots.cost_frame(None), label="Forward passes, tokens fed, seconds")
+                        cost_df = gr.Dataframe(plots.cost_frame(None), label="Forward passes, tokens fed, seconds",
+                                           elem_id="af-cost-table")
             with gr.Column(scale=1, min_width=300, elem_id="af-settings"):
                 models.render()
                 device = gr.Dropdown(device_choices(), value="default", label="Device for all models",
