@@ -187,15 +187,16 @@ class Decoding:
 
     def drafts_for(self, s: ModelView) -> list[str]:
         """Speculative proposals: the texts model `s` verifies before writing its span. One after another, the spans
-        the models before it proposed this round; side by side, none of those exist yet. Either way its own span left
-        over from the last round."""
+        the models before it proposed this round; side by side, none of those exist yet. Either way every model's
+        span left over from the last round (what it proposed past the committed text), its own first."""
         if not self.config.speculate:
             return []
         m = self.sessions.index(s)
         drafts = [] if self.workers.enabled and self.workers.parallel else \
             [t for o, texts in list(self._proposed.items()) if o != m for t in texts]
-        if self._leftover.get(m):
-            drafts.append(self._leftover[m])
+        for o in sorted(self._leftover, key=lambda o: o != m):
+            if self._leftover[o] not in drafts:
+                drafts.append(self._leftover[o])
         return drafts
 
     def _cost(self, m: int) -> int:
