@@ -432,7 +432,17 @@ def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: 
     if shares:
         out += ["The gate's weight share per model (rounds with a scored pool, reported examples):", "",
                 _markdown(shares), ""]
-    why = _departures(rows, tasks, have, best.removeprefix("greedy:"))
+    strong = best.removeprefix("greedy:")
+    why = _departures(rows, tasks, have, strong)
+    for w in why:  # why a weighted method trails the strong model on translation, in the traces' numbers
+        left = int(w[f"left {strong}'s word"].split()[0])
+        obs.append(f"- Why {w['method']} trails {strong} on {w['task']} (from the traces): it leaves {strong}'s own "
+                   f"first word in {w[f'left {strong}' + chr(39) + 's word']} of {w['rounds']} rounds — "
+                   f"{w['its own longer word']} times for one of {strong}'s own longer words (more of its tokens), "
+                   f"{w['its own other word']} for another of its words, {w['the other model' + chr(39) + 's']} for "
+                   f"the other model's, {w['the end']} for the end; in {w['own score prefers']} of the {left} "
+                   f"{strong}'s own averaged NLL preferred the chosen candidate, and a summed NLL would have kept its "
+                   f"word in {w['kept by a sum']}.")
     if why:
         out += [f"Where the weighted methods leave {best}'s own word (rounds of the reported examples in which the "
                 f"chosen candidate is not {best.removeprefix('greedy:')}'s first proposal — its greedy span, or its "
