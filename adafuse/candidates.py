@@ -69,9 +69,10 @@ def greedy_span(s: ModelView, max_words: int, tau: float | None, max_word_tokens
 
 def draft_rows(s: ModelView, drafts: Sequence[str], first: int, cap: int) -> list[list[int]]:
     """The drafts as this model's tokens after its committed ids (tokenized in context as scoring tokenizes them, at
-    most `cap` tokens); none that another row already holds. Every draft is another model's proposal, so the pool
-    will hold it: its verified log-probs are also its scores (`ModelView.verified`). None at all when no draft can
-    save a forward (none starts with the token the model chooses first and runs past it): scoring does that then."""
+    most `cap` tokens), those starting with the token the model chooses first ahead; none that another row already
+    holds. The other models' proposals among them are in the pool, so their verified log-probs also serve as their
+    scores (`ModelView.verified`). None at all when no draft can save a forward (none starts with that token and runs
+    past it)."""
     rows: list[tuple[int, ...]] = []
     for text in drafts:
         ids = s.encode(s.text + text)
@@ -82,6 +83,7 @@ def draft_rows(s: ModelView, drafts: Sequence[str], first: int, cap: int) -> lis
             rows.append(row)
     if not any(len(r) >= 2 and r[0] == first for r in rows):
         return []
+    rows.sort(key=lambda r: r[0] != first)  # the ones that can save tokens first, should the limits cut the batch
     return [list(r) for r in rows if not any(len(o) > len(r) and o[: len(r)] == r for o in rows)]
 
 

@@ -374,7 +374,7 @@ def _fuse(c: Candidate, weights: dict[str, float] | None = None, normalize: str 
     return sum(x * v for x, v in vals) / total if total > 0 else None
 
 
-SPEC_COUNTERS = ("draft_tokens", "accepted_tokens", "verify_passes")
+SPEC_COUNTERS = ("draft_tokens", "accepted_tokens", "verify_passes", "scores_from_drafts")
 
 
 def _snapshot(s: ModelView) -> tuple:

@@ -68,6 +68,8 @@ def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int,
     full = {i: ctx == n_ids and aligned[i] and seqs[i][-1] != END for i in batch}
     rows = {i: _real(seqs[i])[ctx:] if full[i] or seqs[i][-1] == END else _real(seqs[i])[ctx:-1] for i in batch}
     fed = [i for i in batch if rows[i]]
+    if pre and not fed:  # the verifying forward served every candidate this model had to score
+        s.scores_from_drafts += 1
     # per fed row, the entries read below and the tokens read there (a served model is asked for just these)
     wanted = [{p - ctx - 1: sorted(s.end_ids) if seqs[i][p] == END else [seqs[i][p]] for p in batched[i]} for i in fed]
     out = dict(zip(fed, s.score_rows(ctx, [rows[i] for i in fed], [full[i] for i in fed], wanted)))

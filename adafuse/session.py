@@ -257,6 +257,7 @@ class LocalSession(TokenizedView):
         self.adoptable: dict[tuple[int, ...], tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]] = {}
         self._drafts: _Drafts | None = None  # verified drafts `extend` may take tokens from (speculative proposals)
         self._verified: _Drafts | None = None  # the last verified drafts, read by scoring until the next commit
+        self._pending: list[list[int]] = []  # drafts given, verified when the span's first token is fed
         PREFIXES.store(lm, self.ids, self.cache)
 
     # ---- forward passes ----
@@ -280,6 +281,10 @@ class LocalSession(TokenizedView):
         return result
 
     def extend(self, token: int) -> torch.Tensor:
+        if self._pending:  # drafts wait for the first token fed: a span whose first token is never fed verifies nothing
+            rows, self._pending = self._pending, []
+            if any(len(r) >= 2 and r[0] == token for r in rows):
+                self._verify(rows)
         if self._drafts is not None:
             logprobs = self._drafts.take(token)
             if logprobs is not None:  # a verified draft continues with this token: no forward
@@ -290,11 +295,22 @@ class LocalSession(TokenizedView):
         self.end_logprobs = self._feed([token])[-1]
         return self.end_logprobs
 
-    @torch.inference_mode()
     def draft(self, rows: list[list[int]]) -> int:
         rows = [list(r) for r in rows if r]
         if not rows or len(self.cached_ids) != len(self.ids) or self._drafts is not None:
             return 0
+        # as many rows as the limits scoring keeps to allow (logits, prefix copies), in the caller's order
+        start, kv = len(self.ids), self.kv_bytes_per_token()
+        keep = 0
+        while keep < len(rows) and (keep + 1) * max(len(r) for r in rows[: keep + 1]) * self.lm.vocab_size \
+                <= MAX_LOGIT_FLOATS and (keep + 1) * start * kv <= MAX_SIDE_CACHE_BYTES:
+            keep += 1
+        self._pending = rows[: max(1, keep)]
+        return sum(len(r) for r in self._pending)
+
+    @torch.inference_mode()
+    def _verify(self, rows: list[list[int]]) -> None:
+        """The one batched forward of the drafts on a copy of the committed prefix."""
         start, width = len(self.ids), max(len(r) for r in rows)
         cache = self.side_cache(start, len(rows))
         # right padding, as in scoring: causal attention keeps every real position blind to the pads after it
@@ -302,7 +318,6 @@ class LocalSession(TokenizedView):
         self._drafts = self._verified = _Drafts(rows, logprobs, cache, start)
         self.verify_passes += 1
         self.draft_tokens += sum(len(r) for r in rows)
-        return sum(len(r) for r in rows)
 
     def verified(self, tokens: list[int]) -> torch.Tensor | None:
         v = self._verified
@@ -316,6 +331,7 @@ class LocalSession(TokenizedView):
         return None
 
     def settle(self) -> None:
+        self._pending = []
         d, self._drafts = self._drafts, None
         if d is None or not d.taken:
             return
@@ -326,6 +342,7 @@ class LocalSession(TokenizedView):
         self.cached_ids = self.cached_ids + d.taken
 
     def rewind(self) -> None:
+        self._pending = []
         if self._drafts is not None:  # tokens taken from drafts are dropped with them
             self._drafts = None
             self.end_logprobs = self.next_logprobs

@@ -21,11 +21,13 @@ class ModelStep:
     tokens_fed: int = 0            # token positions fed this round (batch rows × length)
     seconds: float = 0.0
     cached_tokens: int = 0         # a served model: prompt tokens its server took from its prefix cache this round
-    # speculative proposals: draft tokens verified (in `verify_passes` batched forwards) and tokens taken from them
-    # instead of a forward each; forwards saved = accepted - verify_passes
+    # speculative proposals: draft tokens verified (in `verify_passes` batched forwards), tokens taken from them
+    # instead of a forward each, and scoring forwards the verified drafts made unnecessary; forwards saved =
+    # accepted - verify_passes + scores_from_drafts
     draft_tokens: int = 0
     accepted_tokens: int = 0
     verify_passes: int = 0
+    scores_from_drafts: int = 0
     # an explore step: how its first tokens were chosen (adafuse/selection.py): {"strategy", "lambda", "bandwidth",
     # "tokens": [{token, rank, text, end, p, logp, penalty, score, picked, order, skip, like, similarity}]}
     selection: dict = field(default_factory=dict)
@@ -108,11 +110,11 @@ class Trace:
 
     def speculation(self, model: str) -> dict:
         """Speculative proposals of one model: draft tokens verified, tokens taken from them, forwards saved (taken
-        tokens minus the verifying forwards)."""
+        tokens minus the verifying forwards, plus the scoring forwards they made unnecessary)."""
         steps = [s for r in self.rounds for s in r.steps if s.model == model]
         return {"draft tokens": sum(s.draft_tokens for s in steps),
                 "accepted tokens": sum(s.accepted_tokens for s in steps),
-                "forwards saved": sum(s.accepted_tokens - s.verify_passes for s in steps)}
+                "forwards saved": sum(s.accepted_tokens - s.verify_passes + s.scores_from_drafts for s in steps)}
 
     def words_per_round(self) -> list[int]:
         return [r.words for r in self.rounds]
@@ -183,7 +185,8 @@ class Trace:
                 if not isinstance(st.proposals, list) or not all(
                         isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n for x in st.proposals):
                     bad(f"{at}.steps[{j}].proposals", f"must be candidate indices (0..{n - 1})")
-                for f in ("forward_passes", "tokens_fed", "seconds", "draft_tokens", "accepted_tokens", "verify_passes"):
+                for f in ("forward_passes", "tokens_fed", "seconds", "draft_tokens", "accepted_tokens", "verify_passes",
+                          "scores_from_drafts"):
                     if not num(getattr(st, f)):
                         bad(f"{at}.steps[{j}].{f}", "must be a number")
                 sel = st.selection

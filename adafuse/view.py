@@ -49,6 +49,7 @@ class ModelView(ABC):
     verify_passes = 0
     draft_tokens = 0
     accepted_tokens = 0
+    scores_from_drafts = 0  # rounds whose scoring forward a verifying forward made unnecessary
 
     # ---- text <-> tokens ----
     @abstractmethod

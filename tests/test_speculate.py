@@ -9,7 +9,7 @@ from tests.test_real_models import gsm8k_prompt
 from tests.toy import toy_model
 
 COST = ("seconds", "forward_passes", "tokens_fed", "cached_tokens", "draft_tokens", "accepted_tokens",
-        "verify_passes")
+        "verify_passes", "scores_from_drafts")
 V = ["Q", " Paris", " London", ".", " is", " nice", " big", "\n"]
 A = {"Q": {" Paris": 0.9}, " Paris": {" is": 0.9}, " is": {" nice": 0.9}, " nice": {".": 0.9}, ".": {"<eos>": 0.9}}
 # b agrees on the first words, then wants " big": it takes a's draft up to there and writes on alone
@@ -54,6 +54,7 @@ def test_a_model_takes_the_verified_tokens_of_the_span_before_it_and_decides_the
     # 2 tokens taken for 1 verifying forward, and b scores a's span from that forward: no scoring forward of its own
     assert forwards(spec) == forwards(plain) - 2
     assert b.forward_passes == [s for s in plain.rounds[0].steps if s.model == "b"][0].forward_passes - 2
+    assert b.scores_from_drafts == 1 and spec.speculation("b")["forwards saved"] == 2
     assert spec.output == plain.output
 
 

@@ -110,7 +110,7 @@ def main(argv=None) -> int:
             runs = [(n, fn) for n, fn in runs if any(o in n for o in args.only)]
         for name, fn in runs:
             st = stats.setdefault(name, {"words": 0, "wall": 0.0, "decode": 0.0, "rounds": 0, "slower": 0.0,
-                                         "sum": 0.0, "outputs": [], "spec": [0, 0, 0],
+                                         "sum": 0.0, "outputs": [], "spec": [0, 0, 0, 0],
                                          **{m.name: [0, 0] for m in models}})
             for prompt, cfg in items:
                 t0 = time.perf_counter()
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
                 st["slower"] += sum(max(x.seconds for x in r.steps) for r in tr.rounds)
                 st["sum"] += sum(sum(x.seconds for x in r.steps) for r in tr.rounds)
                 st["outputs"].append(tr.output)
-                for i, key in enumerate(("draft_tokens", "accepted_tokens", "verify_passes")):
+                for i, key in enumerate(("draft_tokens", "accepted_tokens", "verify_passes", "scores_from_drafts")):
                     st["spec"][i] += sum(getattr(x, key) for r in tr.rounds for x in r.steps)
                 for m in tr.models:
                     c, pre = tr.cost(m), tr.prefill[m]
@@ -156,14 +156,14 @@ def main(argv=None) -> int:
             if plain:
                 fwd = lambda x: sum(x[m.name][0] for m in models) / max(1, x["words"])  # noqa: E731
                 spw = lambda x: x["decode"] / max(1, x["words"])  # noqa: E731
-                drafted, accepted, verifies = st["spec"]
+                drafted, accepted, verifies, scored = st["spec"]
                 speculating.append({
                     "task": task, "method": name.replace(" speculative", ""),
                     "same output": f"{sum(a == b for a, b in zip(st['outputs'], plain['outputs']))}/{len(items)}",
                     "fwd/word": f"{fwd(plain):.2f} → {fwd(st):.2f}", "Δ fwd/word %": round(100 * (fwd(st) / fwd(plain) - 1), 1),
                     "s/word": f"{spw(plain):.3f} → {spw(st):.3f}", "Δ s/word %": round(100 * (spw(st) / spw(plain) - 1), 1),
                     "draft tokens": drafted, "accepted": accepted, "verify fwd": verifies,
-                    "saved fwd": accepted - verifies})
+                    "scores from drafts": scored, "saved fwd": accepted - verifies + scored})
         for name, (secs, count, explore_s, decode_s, n_explored) in sel.items():
             if count:
                 selecting.append({"task": task, "method": name, "explore steps": count, "explore rounds": n_explored,
@@ -183,7 +183,8 @@ def main(argv=None) -> int:
         print("\nSpeculative proposals (issue 15): each confident model first verifies the spans the models before it")
         print("proposed this round (and its own span left from the last round) in one batched forward and takes their")
         print("tokens where they are its own greedy choice; without → with speculation, same prompts (targets: GSM8K")
-        print("fwd/word -30 % with the same output; s/word not worse on any task); 'saved fwd' = accepted - verify fwd:")
+        print("fwd/word -30 % with the same output; s/word not worse on any task); 'saved fwd' = accepted - verify fwd + scoring forwards")
+        print("the verified drafts made unnecessary ('scores from drafts'):")
         print(format_table(speculating))
     print("\nPeak prefix copy per model (largest batch: exploration, beam or scoring rows × cached prefix):")
     for lm in models:
