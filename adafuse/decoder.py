@@ -182,7 +182,7 @@ class Decoding:
                 weights = gate.weights(feats)
                 self._gated = (weights, feats)
             for c in candidates:
-                c.fused = _fuse(c, weights, cfg.normalize)
+                c.fused = fused_score(c, weights, cfg.normalize)
         return steps, candidates
 
     def drafts_for(self, s: ModelView) -> list[str]:
@@ -361,7 +361,7 @@ def _open_view(lm: LoadedModel, prompt: str, config: DecodeConfig) -> ModelView:
     return LocalSession(lm, prompt, config.mode, config.stop, config.system, config.thinking)
 
 
-def _fuse(c: Candidate, weights: dict[str, float] | None = None, normalize: str = "token") -> float | None:
+def fused_score(c: Candidate, weights: dict[str, float] | None = None, normalize: str = "token") -> float | None:
     """Mean NLL (per token, or per word: `normalize`) over the models that scored the candidate, weighted by
     `weights` when given (Σ w·NLL / Σ w; a model of weight 0 is shown but does not count); None (ranked last) when a
     counted model gives it probability 0."""

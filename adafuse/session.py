@@ -127,6 +127,11 @@ class LocalBranch(Branch):
         self.s.remember(tokens, self.cache, row, self.start, logprobs)
 
 
+def _row_kv(cache: DynamicCache, row: int, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the keys and values of positions start..end-1 of one batch row of a side cache (views)."""
+    return [(layer.keys[row: row + 1, :, start:end], layer.values[row: row + 1, :, start:end]) for layer in cache.layers]
+
+
 class _Drafts:
     """Draft rows verified in one batched forward (`LocalSession.draft`): which of their tokens `extend` took."""
 
@@ -299,23 +304,15 @@ class LocalSession(TokenizedView):
         rows = [list(r) for r in rows if r]
         if not rows or len(self.cached_ids) != len(self.ids) or self._drafts is not None:
             return 0
-        # as many rows as the limits scoring keeps to allow (logits, prefix copies), in the caller's order
-        start, kv = len(self.ids), self.kv_bytes_per_token()
-        keep = 0
-        while keep < len(rows) and (keep + 1) * max(len(r) for r in rows[: keep + 1]) * self.lm.vocab_size \
-                <= MAX_LOGIT_FLOATS and (keep + 1) * start * kv <= MAX_SIDE_CACHE_BYTES:
-            keep += 1
-        self._pending = rows[: max(1, keep)]
+        # as many rows as one scoring batch may hold (logits, prefix copies), in the caller's order
+        self._pending = rows[: self._rows_per_batch(len(self.ids), max(len(r) for r in rows))]
         return sum(len(r) for r in self._pending)
 
     @torch.inference_mode()
     def _verify(self, rows: list[list[int]]) -> None:
         """The one batched forward of the drafts on a copy of the committed prefix."""
-        start, width = len(self.ids), max(len(r) for r in rows)
-        cache = self.side_cache(start, len(rows))
-        # right padding, as in scoring: causal attention keeps every real position blind to the pads after it
-        logprobs = self.run(cache, [r + [r[0]] * (width - len(r)) for r in rows])  # (N, T, V)
-        self._drafts = self._verified = _Drafts(rows, logprobs, cache, start)
+        cache, logprobs = self._batch(len(self.ids), rows)
+        self._drafts = self._verified = _Drafts(rows, logprobs, cache, len(self.ids))
         self.verify_passes += 1
         self.draft_tokens += sum(len(r) for r in rows)
 
@@ -335,10 +332,7 @@ class LocalSession(TokenizedView):
         d, self._drafts = self._drafts, None
         if d is None or not d.taken:
             return
-        end = d.start + len(d.taken)
-        for layer, src in enumerate(d.cache.layers):  # the taken tokens' keys and values join the live cache
-            self.cache.update(src.keys[d.row: d.row + 1, :, d.start: end], src.values[d.row: d.row + 1, :, d.start: end],
-                              layer)
+        self._append(_row_kv(d.cache, d.row, d.start, d.start + len(d.taken)))  # the taken tokens join the live cache
         self.cached_ids = self.cached_ids + d.taken
 
     def rewind(self) -> None:
@@ -362,8 +356,7 @@ class LocalSession(TokenizedView):
         elif tail in self.adoptable:  # a batch row already holds this text: append its KV, no forward
             kv, logprobs = self.adoptable[tail]
             self.rewind()
-            for layer, (k, v) in enumerate(kv):
-                self.cache.update(k, v, layer)
+            self._append(kv)
             self.cached_ids = self.ids + list(tail)
             self.end_logprobs = self.next_logprobs = logprobs
         else:
@@ -382,10 +375,13 @@ class LocalSession(TokenizedView):
         """Keep the KV of `tokens` (fed after ids[:start] in `row` of a side cache) for a later commit."""
         if start != len(self.ids):
             return
-        end = start + len(tokens)
-        self.adoptable[tuple(tokens)] = ([(layer.keys[row: row + 1, :, start:end].clone(),
-                                           layer.values[row: row + 1, :, start:end].clone())
-                                          for layer in cache.layers], logprobs)
+        self.adoptable[tuple(tokens)] = ([(k.clone(), v.clone()) for k, v in
+                                          _row_kv(cache, row, start, start + len(tokens))], logprobs)
+
+    def _append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Append per-layer (keys, values) of new positions to the live cache."""
+        for layer, (k, v) in enumerate(kv):
+            self.cache.update(k, v, layer)
 
     def branch(self, rows: int) -> LocalBranch:
         return LocalBranch(self, rows)
@@ -403,20 +399,27 @@ class LocalSession(TokenizedView):
         if not rows:
             return []
         assert 0 <= start <= len(self.ids) and all(rows)
-        longest = max(len(r) for r in rows)
-        chunk = max(1, min(MAX_LOGIT_FLOATS // (longest * self.lm.vocab_size),
-                           MAX_SIDE_CACHE_BYTES // max(1, start * self.kv_bytes_per_token())))
+        chunk = self._rows_per_batch(start, max(len(r) for r in rows))
         out: list[torch.Tensor] = []
         for lo in range(0, len(rows), chunk):
             out.extend(self._score_chunk(start, rows[lo: lo + chunk], remember[lo: lo + chunk]))
         return out
 
+    def _rows_per_batch(self, start: int, longest: int) -> int:
+        """How many rows of up to `longest` tokens one batch after `start` positions may hold: the logits and the
+        prefix copies stay under MAX_LOGIT_FLOATS and MAX_SIDE_CACHE_BYTES (at least one row)."""
+        return max(1, min(MAX_LOGIT_FLOATS // (longest * self.lm.vocab_size),
+                          MAX_SIDE_CACHE_BYTES // max(1, start * self.kv_bytes_per_token())))
+
+    def _batch(self, start: int, rows: list[list[int]]) -> tuple[DynamicCache, torch.Tensor]:
+        """`rows` fed side by side after the first `start` cached positions, on a copy: the copy and (N, T, V)
+        log-probs. Right padding: causal attention keeps every real position blind to the pads after it."""
+        width = max(len(r) for r in rows)
+        cache = self.side_cache(start, len(rows))
+        return cache, self.run(cache, [r + [rows[0][0]] * (width - len(r)) for r in rows])
+
     def _score_chunk(self, start: int, rows: list[list[int]], flags: list[bool]) -> list[torch.Tensor]:
-        n, width = len(rows), max(len(r) for r in rows)
-        pad = rows[0][0]
-        cache = self.side_cache(start, n)
-        # Right padding: causal attention keeps every real position blind to the pads after it.
-        logp = self.run(cache, [r + [pad] * (width - len(r)) for r in rows])  # (N, T, V)
+        cache, logp = self._batch(start, rows)
         for i, r in enumerate(rows):
             if flags[i]:
                 self.remember(r, cache, i, start, logp[i, len(r) - 1])

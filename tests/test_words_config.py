@@ -87,12 +87,12 @@ def test_an_inconsistent_trace_file_is_refused_with_the_field_named(tmp_path, pa
 
 
 def test_weights_fuse_as_a_weighted_mean_and_are_recorded():
-    from adafuse.decoder import _fuse
+    from adafuse.decoder import fused_score
     from adafuse.trace import Candidate
     c = Candidate(text=" x", eos=False, proposers=["a"], nll={"a": 1.0, "b": 4.0}, n_tokens={"a": 1, "b": 1}, fused=None)
-    assert _fuse(c) == 2.5
-    assert _fuse(c, {"a": 3.0, "b": 1.0}) == (3 * 1.0 + 4.0) / 4
-    assert _fuse(c, {"a": 1.0, "b": 0.0}) == 1.0  # weight 0: shown, not counted
+    assert fused_score(c) == 2.5
+    assert fused_score(c, {"a": 3.0, "b": 1.0}) == (3 * 1.0 + 4.0) / 4
+    assert fused_score(c, {"a": 1.0, "b": 0.0}) == 1.0  # weight 0: shown, not counted
     c0 = Candidate(text=" y", eos=False, proposers=["a"], nll={"a": 1.0, "b": None}, n_tokens={"a": 1, "b": 0},
                    fused=None, notes={"b": "probability 0 under b"})
-    assert _fuse(c0) is None and _fuse(c0, {"a": 1.0, "b": 0.0}) == 1.0
+    assert fused_score(c0) is None and fused_score(c0, {"a": 1.0, "b": 0.0}) == 1.0

@@ -31,11 +31,10 @@ from pathlib import Path
 import torch
 
 from ..config import DecodeConfig
-from ..decoder import AdaFuse
+from ..decoder import AdaFuse, fused_score
 from ..errors import ConfigError
 from ..gate import FEATURES, Gate, gate_weights, stack
 from ..loading import get_model
-from ..scoring import candidate_nll
 from .tasks import DEFAULT_DATA, TASKS, Task, read_examples
 
 TRAIN_OFFSET = 101  # first line used for training; docs/results.md reports lines 1..50
@@ -107,16 +106,14 @@ def _gated_scores(r, names: list[str], W: torch.Tensor, b: torch.Tensor,
     round offers no choice."""
     if not r.features or len(r.candidates) < 2:
         return None
-    w = gate_weights(W, b, stack(names, r.features))
+    w = dict(zip(names, gate_weights(W, b, stack(names, r.features))))
     keep, scores = [], []
     for i, c in enumerate(r.candidates):
-        if c.fused is None:
-            continue
-        vals = [(w[k], v) for k, m in enumerate(names) if (v := candidate_nll(c, m, normalize)) is not None]
-        if not vals:
+        score = fused_score(c, w, normalize) if c.fused is not None else None  # the decoder's score, with its gradient
+        if score is None:
             continue
         keep.append(i)
-        scores.append(sum(x * v for x, v in vals) / sum(x for x, _ in vals))
+        scores.append(score)
     if len(keep) < 2:
         return None
     return torch.stack(scores), keep
