@@ -31,21 +31,22 @@ def _from_words(words: list[Word]) -> Proposal:
 
 def greedy_span(s: ModelView, max_words: int, tau: float | None, max_word_tokens: int,
                 choose: Callable[[ModelView, torch.Tensor], int] = best_token,
-                drafts: Sequence[str] = ()) -> tuple[Proposal, list[float]]:
+                drafts: Sequence[str] = (), guesses: Sequence[str] = ()) -> tuple[Proposal, list[float]]:
     """Words chosen token by token (greedily by default) while the margin at each word start stays >= tau (tau None:
     always), at most max_words. Tokens are fed on the live state so a winning span costs nothing more to commit.
 
-    `drafts` (texts other models proposed after the same committed text): verified first in one batched forward;
-    while the chosen tokens follow a draft, their log-probs come from that forward instead of one forward each.
-    The rules below see the same tokens and log-probs either way (speculative proposals, issue 15)."""
+    `drafts` (texts other models proposed after the same committed text) and `guesses` (other likely continuations,
+    e.g. from prompt lookup): verified first in one batched forward; while the chosen tokens follow one, their
+    log-probs come from that forward instead of one forward each. The rules below see the same tokens and log-probs
+    either way (speculative proposals, issue 15)."""
     s.rewind()
     lp = s.next_logprobs
     margins = [margin(lp)]
     words: list[Word] = []
     context = list(s.ids)
     t = choose(s, lp)
-    if drafts and (tau is None or margins[0] >= tau):
-        s.draft(draft_rows(s, drafts, t, max_words * (max_word_tokens + UTF8_SLACK)))
+    if (drafts or guesses) and (tau is None or margins[0] >= tau):
+        s.draft(draft_rows(s, drafts, t, max_words * (max_word_tokens + UTF8_SLACK), guesses))
     try:
         while True:
             w = Word(s, context, max_word_tokens)
@@ -67,18 +68,21 @@ def greedy_span(s: ModelView, max_words: int, tau: float | None, max_word_tokens
     return _from_words(words), margins
 
 
-def draft_rows(s: ModelView, drafts: Sequence[str], first: int, cap: int) -> list[list[int]]:
+def draft_rows(s: ModelView, drafts: Sequence[str], first: int, cap: int,
+               guesses: Sequence[str] = ()) -> list[list[int]]:
     """The drafts as this model's tokens after its committed ids (tokenized in context as scoring tokenizes them, at
     most `cap` tokens), those starting with the token the model chooses first ahead; none that another row already
     holds. The other models' proposals among them are in the pool, so their verified log-probs also serve as their
-    scores (`ModelView.verified`). None at all when no draft can save a forward (none starts with that token and runs
-    past it)."""
+    scores (`ModelView.verified`); a guess is kept only where it can save a forward (it starts with that token and runs
+    past it). None at all when no row can save a forward."""
     rows: list[tuple[int, ...]] = []
-    for text in drafts:
+    for text, guess in [(t, False) for t in drafts] + [(t, True) for t in guesses]:
         ids = s.encode(s.text + text)
         if ids[: len(s.ids)] != s.ids:  # the draft's first token merges with the committed text
             continue
         row = tuple(ids[len(s.ids):][:cap])
+        if guess and (len(row) < 2 or row[0] != first):
+            continue
         if row and row not in rows:
             rows.append(row)
     if not any(len(r) >= 2 and r[0] == first for r in rows):

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--speculate", action="store_true",
                      help="speculative proposals: a confident model first verifies the spans proposed before it this "
                           "round in one forward (same decode, fewer forward passes)")
+    run.add_argument("--no-draft-lookup", action="store_true",
+                     help="with --speculate: verify only the models' spans, not what followed the answer's last words "
+                          "earlier in the prompt and answer (prompt lookup)")
     run.add_argument("--max-new-words", type=int, default=d.max_new_words, help="stop after this many words")
     run.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="stop after this many tokens")
     run.add_argument("--max-word-tokens", type=int, default=d.max_word_tokens, help="a word ends after this many tokens")
@@ -142,7 +145,7 @@ def run(args) -> int:
                        max_new_words=args.max_new_words, max_new_tokens=args.max_new_tokens,
                        max_word_tokens=args.max_word_tokens, stop=tuple(_unescape(s) for s in args.stop),
                        system=_unescape(args.system), thinking=args.thinking, weights=tuple(args.weights), gate=args.gate,
-                       speculate=args.speculate, normalize=args.normalize)
+                       speculate=args.speculate, draft_lookup=not args.no_draft_lookup, normalize=args.normalize)
     if not prompt.strip():
         raise PromptError("the prompt is empty: pass --prompt TEXT or --prompt-file PATH with some text")
     models = []

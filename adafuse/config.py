@@ -70,6 +70,10 @@ class DecodeConfig:
     # proposed this round (and its own continuation left from the last round) in one batched forward, and takes their
     # tokens where they are its own greedy choice; the decode is the same, with fewer forward passes (README)
     speculate: bool = False
+    # with `speculate`: also verify what followed the latest earlier occurrence of the answer's last words in the prompt
+    # and the answer (prompt lookup; answers that copy from their question or repeat a format), not only the models'
+    # spans. Lossless either way: a draft only ever saves forwards
+    draft_lookup: bool = True
     # what a candidate's NLL is averaged over before fusing: "token" (the paper: its tokens in each model's
     # tokenization) or "word" (its words, the end of the answer counting as one): per token, a long word whose first
     # token is unlikely and whose last tokens are near certain beats a likelier one-token word (docs/results.md)
@@ -117,6 +121,8 @@ class DecodeConfig:
             raise bad("normalize", self.normalize, f"use one of {', '.join(NORMALIZATIONS)}")
         if not isinstance(self.speculate, bool):
             raise bad("speculate", self.speculate, "use True or False")
+        if not isinstance(self.draft_lookup, bool):
+            raise bad("draft_lookup", self.draft_lookup, "use True or False")
         if not isinstance(self.gate, str):
             raise bad("gate", self.gate, "use the path of a gate file, or an empty string for none")
         if self.explore_top_k < self.branches:

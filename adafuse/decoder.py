@@ -21,12 +21,12 @@ from .selection import check_exploration
 from .session import LocalSession
 from .trace import Candidate, ModelStep, Round, Trace
 from .view import ModelView
-from .words import count_words, find_stop
+from .words import count_words, find_stop, lookup_continuations
 
 MAX_MODELS = 4
 # settings that only steer the rounds still to come (`Decoding.reconfigure`)
 LIVE_SETTINGS = ("tau", "max_words", "branches", "diversity", "exploration", "explore_lambda", "max_new_words",
-                 "max_new_tokens", "weights", "gate", "speculate",
+                 "max_new_tokens", "weights", "gate", "speculate", "draft_lookup",
                  "normalize")
 
 
@@ -70,6 +70,7 @@ class Decoding:
         # the last round (what it proposed past the committed text)
         self._proposed: dict[int, list[str]] = {}
         self._leftover: dict[int, str] = {}
+        self._costs: dict[int, int] = {}
         self.done = False
         self.method.start(self)
 
@@ -199,12 +200,23 @@ class Decoding:
                 drafts.append(self._leftover[o])
         return drafts
 
+    def guesses_for(self, s: ModelView) -> list[str]:
+        """Prompt lookup (`draft_lookup`): what followed the latest earlier occurrence of the answer's last words in
+        the prompt and the answer, as drafts that model `s` verifies only where they start with its own first token
+        (unlike the spans, they are not in the pool, so they serve nothing else)."""
+        if not (self.config.speculate and self.config.draft_lookup):
+            return []
+        return lookup_continuations(self.trace.prompt + self.trace.output, self.config.max_words + 1, count=1)
+
     def _cost(self, m: int) -> int:
-        """How heavy model m is (bytes of weights; a served model 0): the order models propose in when speculating."""
-        try:
-            return int(self.models[m].memory_bytes)
-        except (AttributeError, TypeError, StopIteration):
-            return 0
+        """How heavy model m is (bytes of weights; a served model 0): the order models propose in when speculating.
+        Summed over the parameters once per decode (a few ms a model)."""
+        if m not in self._costs:
+            try:
+                self._costs[m] = int(self.models[m].memory_bytes)
+            except (AttributeError, TypeError, StopIteration):
+                self._costs[m] = 0
+        return self._costs[m]
 
     def gate(self) -> Gate | None:
         """The learned gate of the current settings (checked against these models), or None. `gate_object` (a Gate

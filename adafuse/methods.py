@@ -69,7 +69,7 @@ class AdaFuse(Method):
         delta = margin(s.next_logprobs)
         if delta >= cfg.tau:
             p, margins = greedy_span(s, min(cfg.max_words, budget), cfg.tau, cfg.max_word_tokens,
-                                     drafts=d.drafts_for(s))
+                                     drafts=d.drafts_for(s), guesses=d.guesses_for(s))
             return [p], "commit", margins
         diverse = cfg.diversity if self.diversity is None else self.diversity
         if diverse:
@@ -96,7 +96,8 @@ class FixedSpan(Method):
 
     def propose(self, d, s, budget):
         cfg = d.config
-        p, margins = greedy_span(s, min(cfg.span_words, budget), None, cfg.max_word_tokens, drafts=d.drafts_for(s))
+        p, margins = greedy_span(s, min(cfg.span_words, budget), None, cfg.max_word_tokens, drafts=d.drafts_for(s),
+                                 guesses=d.guesses_for(s))
         return [p], "span", margins
 
 

@@ -7,6 +7,7 @@ import weakref
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from .errors import PromptError
 from .loading import LoadedModel
@@ -23,15 +24,22 @@ ANCHOR_EVERY = 48
 
 
 def copy_cache(cache: DynamicCache, length: int, rows: int = 1) -> DynamicCache:
-    """A new cache holding the first `length` positions of row 0 of `cache`, repeated `rows` times."""
+    """A new cache holding the first `length` positions of row 0 of `cache`, repeated `rows` times.
+
+    The new cache holds views, not copies: a dynamic cache never writes into its tensors (every update concatenates
+    into new ones, a crop slices), so neither cache can change the other, and the first forward on the new cache
+    makes the one copy it needs (copying here too cost a second full copy of the prefix per batch)."""
+    new = DynamicCache()
     if length == 0:
-        return DynamicCache()
-    data = []
+        return new
     for layer in cache.layers:
-        k = layer.keys[:1, :, :length]  # (1, H, length, D)
-        v = layer.values[:1, :, :length]
-        data.append((k.expand(rows, -1, -1, -1).contiguous(), v.expand(rows, -1, -1, -1).contiguous()))
-    return DynamicCache(ddp_cache_data=data)
+        k = layer.keys[:1, :, :length].expand(rows, -1, -1, -1)  # (rows, H, length, D), one copy's memory
+        v = layer.values[:1, :, :length].expand(rows, -1, -1, -1)
+        held = DynamicLayer()
+        held.lazy_initialization(k, v)
+        held.keys, held.values = k, v  # (building from `ddp_cache_data` would concatenate: a copy)
+        new.layers.append(held)
+    return new
 
 
 class PrefixStore:

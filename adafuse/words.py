@@ -51,3 +51,27 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def lookup_continuations(context: str, words: int, key_words: int = 3, count: int = 2) -> list[str]:
+    """Prompt lookup: what followed the latest earlier occurrences of the context's last `key_words` words (fewer
+    when those never occur before, down to 2), `words` words of it each, at most `count` distinct ones, latest first.
+    Answers that copy from their question or repeat themselves (arithmetic, names, formats) continue this way often;
+    used as drafts a model verifies (speculative proposals), never as proposals."""
+    base = max(0, len(context) - 400)
+    tail = [base + i for i in word_starts(context[base:])]
+    found: list[str] = []
+    for k in range(min(key_words, len(tail)), 1, -1):
+        key = context[tail[-k]:].lstrip()
+        end = len(context) - 1  # the key's own place at the end of the context is not a match
+        while len(found) < count:
+            at = context.rfind(key, 0, end)
+            if at < 0:
+                break
+            follow = "".join(split_words(context[at + len(key): at + len(key) + 60 * words])[:words])
+            if follow.strip() and follow not in found:
+                found.append(follow)
+            end = at + len(key) - 1
+        if found:
+            break
+    return found

@@ -69,6 +69,8 @@ def test_a_winning_span_taken_from_a_draft_is_committed_without_feeding_it_again
 def test_speculate_is_a_typed_setting():
     with pytest.raises(ConfigError, match="speculate"):
         DecodeConfig(speculate="yes")
+    with pytest.raises(ConfigError, match="draft_lookup"):
+        DecodeConfig(speculate=True, draft_lookup=1)
 
 
 def flores_prompt(index: int) -> str:
@@ -113,3 +115,36 @@ def test_side_by_side_a_model_verifies_only_its_own_span_left_from_the_last_roun
     assert [s.verify_passes for s in spec.rounds[0].steps] == [0, 0]  # nothing proposed yet when both start
     assert spec.rounds[0].text == " Paris is"  # a's left-over " nice." is its draft in round 1
     assert spec.rounds[1].steps[0].draft_tokens == 2 and spec.rounds[1].steps[0].accepted_tokens == 2
+
+
+def test_prompt_lookup_gives_the_first_model_a_draft_too():
+    # the answer repeats what followed "Q Paris" in the prompt: the model that goes first (no span before it) verifies
+    # that continuation in one forward and takes its tokens; with the models' spans as the only drafts it has none
+    prompt = "Q Paris is nice.\nQ Paris"
+    runs = {}
+    for lookup in (False, True):
+        PREFIXES.entries.clear()
+        models = [toy_model("a", V, A), toy_model("b", V, A)]
+        runs[lookup] = AdaFuse(models, DecodeConfig(tau=0.5, max_words=3, speculate=True,
+                                                    draft_lookup=lookup)).generate(prompt)
+    PREFIXES.entries.clear()
+    plain = AdaFuse([toy_model("a", V, A), toy_model("b", V, A)], DecodeConfig(tau=0.5, max_words=3)).generate(prompt)
+    assert plain.output == " is nice."
+    first = {k: tr.rounds[0].steps[0] for k, tr in runs.items()}
+    assert first[False].verify_passes == 0
+    assert first[True].verify_passes == 1 and first[True].accepted_tokens == 3  # " is", " nice", "."
+    assert forwards(runs[True]) < forwards(runs[False]) < forwards(plain)
+    for tr in runs.values():
+        d = decisions(tr)
+        d["settings"].pop("draft_lookup")
+        p = decisions(plain)
+        p["settings"].pop("draft_lookup")
+        assert d == p  # bit for bit, as without speculation
+
+
+def test_lookup_continuations_take_the_latest_earlier_occurrence_of_the_last_words():
+    from adafuse.words import lookup_continuations
+    text = "3 hours x 2 chapters = 6 hours total.\n1.5 hours x 4 worksheets = 6 hours. So 2 chapters"
+    assert lookup_continuations(text, 3) == [" = 6 hours"]
+    assert lookup_continuations("a b c a b d a b", 2, count=2) == [" d a", " c a"]  # latest first, distinct
+    assert lookup_continuations("no repeat here", 3) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -76,8 +77,11 @@ def main(argv=None) -> int:
     # exploration by meaning (selection.py): its selection's cost per uncertain round is printed below the table
     methods["AdaFuse B=3 embedding sequential"] = dict(branches=3, exploration="embedding", parallel=False)
     # speculative proposals (issue 15): the same decodes, drafts verified in one forward; compared with the rows above
+    # (with prompt lookup, and with the models' spans as the only drafts)
     for b in (1, 3):
         methods[f"AdaFuse B={b} speculative sequential"] = dict(branches=b, parallel=False, speculate=True)
+        methods[f"AdaFuse B={b} speculative spans-only sequential"] = dict(branches=b, parallel=False, speculate=True,
+                                                                           draft_lookup=False)
     work = tasks(args.data, args.trivia, args.gsm8k)
     rows, quarters, peaks, selecting, speculating = [], {}, {}, [], []
     sink = args.out.open("w") if args.out else None
@@ -152,13 +156,13 @@ def main(argv=None) -> int:
             row["slower model ms"] = round(1000 * st["slower"] / rounds)
             row["models' sum ms"] = round(1000 * st["sum"] / rounds)
             rows.append(row)
-            plain = stats.get(name.replace(" speculative", "")) if " speculative" in name else None
+            plain = stats.get(re.sub(r" speculative( spans-only)?", "", name)) if " speculative" in name else None
             if plain:
                 fwd = lambda x: sum(x[m.name][0] for m in models) / max(1, x["words"])  # noqa: E731
                 spw = lambda x: x["decode"] / max(1, x["words"])  # noqa: E731
                 drafted, accepted, verifies, scored = st["spec"]
                 speculating.append({
-                    "task": task, "method": name.replace(" speculative", ""),
+                    "task": task, "method": name.replace(" sequential", ""),
                     "same output": f"{sum(a == b for a, b in zip(st['outputs'], plain['outputs']))}/{len(items)}",
                     "fwd/word": f"{fwd(plain):.2f} → {fwd(st):.2f}", "Δ fwd/word %": round(100 * (fwd(st) / fwd(plain) - 1), 1),
                     "s/word": f"{spw(plain):.3f} → {spw(st):.3f}", "Δ s/word %": round(100 * (spw(st) / spw(plain) - 1), 1),
@@ -181,7 +185,8 @@ def main(argv=None) -> int:
         print(format_table(selecting))
     if speculating:
         print("\nSpeculative proposals (issue 15): each confident model first verifies the spans the models before it")
-        print("proposed this round (and its own span left from the last round) in one batched forward and takes their")
+        print("proposed this round, its own span left from the last round and, unless 'spans-only', what followed the")
+        print("latest earlier occurrence of the answer's last words (prompt lookup) in one batched forward and takes their")
         print("tokens where they are its own greedy choice; without → with speculation, same prompts (targets: GSM8K")
         print("fwd/word -30 % with the same output; s/word not worse on any task); 'saved fwd' = accepted - verify fwd + scoring forwards")
         print("the verified drafts made unnecessary ('scores from drafts'):")
