@@ -71,6 +71,7 @@ class Decoding:
         self._proposed: dict[int, list[str]] = {}
         self._leftover: dict[int, str] = {}
         self._costs: dict[int, int] = {}
+        self._guesses: tuple[tuple | None, list[str]] = (None, [])  # prompt lookup of the current round
         self.done = False
         self.method.start(self)
 
@@ -206,7 +207,10 @@ class Decoding:
         (unlike the spans, they are not in the pool, so they serve nothing else)."""
         if not (self.config.speculate and self.config.draft_lookup):
             return []
-        return lookup_continuations(self.trace.prompt + self.trace.output, self.config.max_words + 1, count=1)
+        key = (self.trace.output, self.config.max_words)  # the same for every model of a round: looked up once
+        if self._guesses[0] != key:
+            self._guesses = (key, lookup_continuations(self.trace.prompt + key[0], key[1] + 1))
+        return self._guesses[1]
 
     def _cost(self, m: int) -> int:
         """How heavy model m is (bytes of weights; a served model 0): the order models propose in when speculating.

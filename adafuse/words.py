@@ -53,7 +53,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def lookup_continuations(context: str, words: int, key_words: int = 3, count: int = 2) -> list[str]:
+def lookup_continuations(context: str, words: int, key_words: int = 3, count: int = 1) -> list[str]:
     """Prompt lookup: what followed the latest earlier occurrences of the context's last `key_words` words (fewer
     when those never occur before, down to 2), `words` words of it each, at most `count` distinct ones, latest first.
     Answers that copy from their question or repeat themselves (arithmetic, names, formats) continue this way often;

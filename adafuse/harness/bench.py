@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..config import DecodeConfig
-from ..decoder import AdaFuse, greedy
+from ..decoder import SPEC_COUNTERS, AdaFuse, greedy
 from ..loading import DEFAULT_PAIR, get_model
 from ..report import format_table
 from .tasks import DEFAULT_DATA
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
             runs = [(n, fn) for n, fn in runs if any(o in n for o in args.only)]
         for name, fn in runs:
             st = stats.setdefault(name, {"words": 0, "wall": 0.0, "decode": 0.0, "rounds": 0, "slower": 0.0,
-                                         "sum": 0.0, "outputs": [], "spec": [0, 0, 0, 0],
+                                         "sum": 0.0, "outputs": [], "spec": [0] * len(SPEC_COUNTERS),
                                          **{m.name: [0, 0] for m in models}})
             for prompt, cfg in items:
                 t0 = time.perf_counter()
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
                 st["slower"] += sum(max(x.seconds for x in r.steps) for r in tr.rounds)
                 st["sum"] += sum(sum(x.seconds for x in r.steps) for r in tr.rounds)
                 st["outputs"].append(tr.output)
-                for i, key in enumerate(("draft_tokens", "accepted_tokens", "verify_passes", "scores_from_drafts")):
+                for i, key in enumerate(SPEC_COUNTERS):
                     st["spec"][i] += sum(getattr(x, key) for r in tr.rounds for x in r.steps)
                 for m in tr.models:
                     c, pre = tr.cost(m), tr.prefill[m]
