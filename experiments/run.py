@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def weighted(task: str) -> list[str]:
-    """The `adafuse+weights` and `adafuse+gate` method specs for a task, where their files exist."""
+    """The weighted method specs for a task (`adafuse+weights`, `+gate`, `+tuned` where their files exist; `+judge`)."""
     fam, out = FAMILY[task], []
     search = ROOT / "results" / "gate" / f"search-{fam}.json"
     if search.exists():
@@ -60,6 +60,10 @@ def weighted(task: str) -> list[str]:
         res = json.loads(norm.read_text())
         out.append(f"adafuse+tuned=adafuse[weights={'/'.join(f'{x:g}' for x in res['weights'])},"
                    f"normalize={res['chosen']}]")
+    # the ceiling of any weighting on translation: Gemma (the default pair's second, the better member there) as the
+    # only judge, SmolLM2 still proposing, per token and per word
+    if fam == "mt":
+        out += ["adafuse+judge=adafuse[weights=0/1]", "adafuse+judge+word=adafuse[weights=0/1,normalize=word]"]
     return out
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from adafuse.errors import ConfigError
 from adafuse.harness.evaluate import main_metric_table, parse_methods, summarize
-from adafuse.harness.results import paired_difference
+from adafuse.harness.results import _judge, paired_difference
 from adafuse.harness.metrics import exact_match, f1, final_number, normalize_answer, number_match
 from adafuse.harness.tasks import TASKS, DataError, read_examples
 from tests.conftest import ROOT, SHARED
@@ -90,6 +90,25 @@ def test_paired_difference_uses_shared_examples_only():
     assert paired_difference({1: 1.0}, {2: 1.0}) is None
     big = paired_difference({i: 100.0 for i in range(50)}, {i: 0.0 if i < 45 else 100.0 for i in range(50)})
     assert big["low"] > 0  # 45 wins, 5 ties: clearly better
+
+
+def test_judge_alone_rows_compare_with_the_strong_single_on_the_same_examples():
+    """The report's weighting ceiling: AdaFuse judged by the strong model alone vs that model's greedy decode."""
+    summary = {("flores-de-en", "greedy:g"): {"chrf": 45.0}, ("flores-de-en", "adafuse+judge"): {"chrf": 40.0},
+               ("flores-de-en", "adafuse+judge+word"): {"chrf": 44.0}, ("nq", "greedy:g"): {"em": 10.0}}
+    per_ex = {("flores-de-en", "greedy:g"): {1: 50.0, 2: 40.0}, ("flores-de-en", "adafuse+judge"): {1: 45.0, 2: 35.0},
+              ("flores-de-en", "adafuse+judge+word"): {1: 50.0, 2: 38.0}}
+    obs = []
+    out = _judge(per_ex, summary, ["nq", "flores-de-en"], "greedy:g", obs)
+    table = "\n".join(out)
+    assert "| flores-de-en | 45.0 | 40.0 | -5.0 [-5.0, -5.0] 0/0/2 | 44.0 | -1.0 [-2.0, +0.0] 0/1/1 |" in table
+    assert "nq" not in table  # no judge rows there
+    assert len(obs) == 1 and "per token -5.00, per word -1.00" in obs[0] and "below it either way" in obs[0]
+    summary[("flores-de-en", "adafuse+judge+word")] = {"chrf": 46.0}
+    obs.clear()
+    _judge(per_ex, summary, ["flores-de-en"], "greedy:g", obs)
+    assert "per word +1.00" in obs[0] and "below it either way" not in obs[0]
+    assert _judge({}, {("nq", "greedy:g"): {"em": 1.0}}, ["nq"], "greedy:g", obs) == []
 
 
 def test_experiment_workers_merge_without_duplicates(tmp_path):

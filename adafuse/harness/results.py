@@ -351,7 +351,7 @@ GATES = Path(__file__).resolve().parents[2] / "assets" / "gates"
 WEIGHTED = ("adafuse+weights", "adafuse+gate", "adafuse+tuned")
 
 
-def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: list[str]) -> list[str]:
+def _gates(rows, per_ex, summary, table, tasks, singles, results: Path, figs: Path, obs: list[str]) -> list[str]:
     """Issue 12: static weights and the learned gate against plain AdaFuse and the better single model."""
     have = [m for m in WEIGHTED if any((t, m) in per_ex for t in tasks)]
     if not have or not singles:
@@ -450,6 +450,7 @@ def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: 
                 "it is more of its tokens; 'own score prefers': its own length-normalized NLL of the chosen word is "
                 "lower than of its first proposal; 'kept by a sum': a summed, not averaged, NLL of the strong model "
                 "would have kept its first proposal):", "", _markdown(why), ""]
+    out += _judge(per_ex, summary, tasks, best, obs)
     # paired differences and the targets
     pair_rows = []
     for t in tasks:
@@ -481,6 +482,44 @@ def _gates(rows, per_ex, table, tasks, singles, results: Path, figs: Path, obs: 
                    + f" (plain AdaFuse's average {avg.get('adafuse') or 0:.2f}) — **"
                    + ("met" if not missed else "missed") + "**" + (": " + ", ".join(missed) if missed else "") + ".")
     return out
+
+
+JUDGE = {"adafuse+judge": "per token", "adafuse+judge+word": "per word"}
+
+
+def _judge(per_ex, summary, tasks, best: str, obs: list[str]) -> list[str]:
+    """The ceiling of any weighting: AdaFuse with the better member as the only judge (the other model's weight 0; it
+    still proposes), against that member's greedy decode, on the tasks where both ran."""
+    rows = []
+    for t in tasks:
+        ref = _score(summary, t, best)
+        got = {m: _score(summary, t, m) for m in JUDGE}
+        if ref is None or all(v is None for v in got.values()):
+            continue
+        row = {"task": t, best: ref}
+        for m, per in JUDGE.items():
+            if got[m] is None:
+                continue
+            d = paired_difference(per_ex.get((t, m), {}), per_ex.get((t, best), {}))
+            row[f"{m} ({per})"] = got[m]
+            row[f"{m} − {best}"] = (f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] "
+                                    f"{d['wins']}/{d['ties']}/{d['losses']}" if d else "")
+        rows.append(row)
+    if not rows:
+        return []
+    strong = best.removeprefix("greedy:")
+    for row in rows:
+        gaps = [f"{per} {row[f'{m} ({per})'] - row[best]:+.2f}" for m, per in JUDGE.items() if f"{m} ({per})" in row]
+        below = all(row[f"{m} ({per})"] < row[best] for m, per in JUDGE.items() if f"{m} ({per})" in row)
+        obs.append(f"- With {strong} as the only judge (the other model's weight 0), AdaFuse on {row['task']} vs "
+                   f"{strong} alone: " + ", ".join(gaps) + (
+                       f" — below it either way: {strong}'s own judgement of AdaFuse's candidates (its exploration's "
+                       "alternatives, the other model's spans) already loses to its greedy first token here, whatever"
+                       " the other model's vote adds or takes." if below else "."))
+    return [f"With {strong} as the only judge (`weights=0/1`: the other model still proposes, only {strong} scores; "
+            "each candidate's NLL averaged per token, the paper, or per word): one end of the weighting range, "
+            f"against {strong}'s own greedy decode (score; paired difference, interval, better/same/worse):", "",
+            _markdown(rows), ""]
 
 
 def _departures(rows, tasks, methods, strong: str) -> list[dict]:
@@ -591,7 +630,7 @@ def build(results: Path, docs: Path) -> Path:
             "and the examples where AdaFuse scored higher/the same/lower. An interval that excludes 0 is a difference "
             "this sample can tell apart from noise (sentence-level chrF for Flores).", "", _markdown(pair_rows), ""]
 
-    out += _gates(rows, per_ex, table, tasks, singles, results, figs, obs)
+    out += _gates(rows, per_ex, summary, table, tasks, singles, results, figs, obs)
     avg = {r["method"]: r["average"] for r in table if r.get("average") is not None}  # methods run on every task
     if "adafuse" in avg and singles:
         best_single = max(singles, key=lambda m: avg.get(m) or -1)
