@@ -232,7 +232,7 @@ class Decoding:
         if not self.config.gate:
             return None
         gate = load_gate(self.config.gate)
-        gate.check_models(self.names)
+        gate.check(self.names, self.config.normalize)
         return gate
 
     def weights(self) -> dict[str, float]:
@@ -345,7 +345,7 @@ class Decoding:
         changed = {k: new[k] for k in LIVE_SETTINGS if new[k] != old[k]}
         check_exploration(self.models, config)
         if config.gate and self.method.scores and len(self.models) > 1:
-            load_gate(config.gate).check_models(self.names)
+            load_gate(config.gate).check(self.names, config.normalize)
         if config.weights and len(config.weights) != len(self.models):
             raise ConfigError(f"weights has {len(config.weights)} values for {len(self.models)} models")
         if changed and not self.done:
@@ -421,7 +421,7 @@ def _validate(models: Sequence[LoadedModel], config: DecodeConfig, prompt) -> No
         raise ConfigError(f"union_top_k={config.union_top_k} is larger than a model's vocabulary ({vocab}): use fewer")
     check_exploration(models, config)  # embedding exploration needs each model's weights here
     if config.gate and METHODS[config.method].scores and len(models) > 1:  # a model alone has no ensemble weights
-        load_gate(config.gate).check_models(_unique_names(models))
+        load_gate(config.gate).check(_unique_names(models), config.normalize)
 
 
 def _unique_names(models: Sequence[LoadedModel]) -> list[str]:

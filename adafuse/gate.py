@@ -12,8 +12,9 @@ With two models and five features that is 2 × 10 + 2 = 22 numbers. It is traine
 alone (`adafuse/harness/gate_train.py`: policy gradient, the round's choice sampled from the gated scores); at
 decode time the lowest gated score wins, as always.
 
-A gate file is JSON: the models and features it was trained for, W, b, and how it was trained. It refuses other
-models with a `GateError` naming both lists.
+A gate file is JSON: the models and features it was trained for, W, b, and how it was trained (with
+`trained.normalize`, how candidates' NLLs were averaged, when not per token). It refuses other models, or the
+other averaging, with a `GateError` naming both.
 """
 from __future__ import annotations
 
@@ -77,6 +78,20 @@ class Gate:
         """Per model, its weight this round from every model's features (same order as `models`)."""
         W, b = self.tensors()
         return dict(zip(self.models, gate_weights(W, b, stack(self.models, feats)).tolist()))
+
+    @property
+    def normalize(self) -> str:
+        """How each candidate's NLL was averaged while the gate learned ("token" or "word"): its weights are tuned
+        to that score."""
+        return str(self.trained.get("normalize", "token"))
+
+    def check(self, names: list[str], normalize: str) -> None:
+        """Refuse models or an NLL averaging other than the ones the gate was trained with."""
+        self.check_models(names)
+        if normalize != self.normalize:
+            raise GateError(f"the gate {self.path or ''} was trained with each candidate's NLL averaged per "
+                            f"{self.normalize}, not per {normalize}: decode with normalize={self.normalize!r} "
+                            f"(--normalize {self.normalize}), or train a gate with --normalize {normalize}")
 
     def check_models(self, names: list[str]) -> None:
         if list(names) != list(self.models):

@@ -114,6 +114,17 @@ def gate_choices() -> list[tuple[str, str]]:
 NORMALIZE = {"per token (paper)": "token", "per word": "word"}
 
 
+def gate_normalize(path: str, current: str):
+    """The NLL averaging a picked gate was trained with (its weights are tuned to it); no gate: leave it as it is."""
+    if not path:
+        return current
+    try:
+        norm = load_gate(path).normalize
+    except AdafuseError:
+        return current  # the run reports the bad file
+    return next((label for label, v in NORMALIZE.items() if v == norm), current)
+
+
 def _settings(names, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
               system, thinking, speculate, normalize, gate, *weights) -> DecodeConfig:
     picked = [float(w) for w in weights[: len([n for n in names or [] if str(n).strip()])]]
@@ -331,7 +342,8 @@ def build_demo() -> gr.Blocks:
                     gate = gr.Dropdown(gate_choices(), value="", label="Learned gate (per-round weights)",
                                        info="Weights each round from what the models show (margin, entropy, "
                                             "confidence, own NLL, position); replaces the sliders. Trained for "
-                                            "the models it names.", elem_id="af-gate")
+                                            "the models it names and sets the NLL averaging it learned with.",
+                                       elem_id="af-gate")
                 with gr.Accordion("Chat mode: system prompt and thinking", open=False):
                     system.render()
                     thinking.render()
@@ -573,6 +585,7 @@ def build_demo() -> gr.Blocks:
 
         refresh = [loaded_df, unload_pick]
         models.change(weight_sliders, [models], weights, show_progress="hidden")
+        gate.change(gate_normalize, [gate, normalize], normalize, show_progress="hidden")
         demo.load(loaded_views, None, refresh, show_progress="hidden")
         demo.load(None, None, None, js=SHORTCUTS)
         load_btn.click(on_load, [models, device, trust], [load_status]).then(loaded_views, None, refresh,

@@ -163,3 +163,16 @@ def test_step_mode_keeps_its_rounds_when_settings_change(pair):
     from adafuse import Trace
     again = Trace.from_dict(d.trace.to_dict())  # the change survives export and load
     assert again.changes == d.trace.changes
+
+
+def test_picking_a_gate_sets_the_nll_averaging_it_was_trained_with(tmp_path):
+    from adafuse.gate import Gate
+    from app.ui import gate_normalize
+    word, token = tmp_path / "word.json", tmp_path / "token.json"
+    Gate(["a", "b"], Gate.zeros(["a", "b"]).W, [0.0, 0.0], trained={"normalize": "word"}).save(word)
+    Gate.zeros(["a", "b"]).save(token)
+    assert gate_normalize(str(word), "per token (paper)") == "per word"
+    assert gate_normalize(str(token), "per word") == "per token (paper)"
+    assert gate_normalize("", "per word") == "per word"  # no gate: the user's choice stays
+    (tmp_path / "bad.json").write_text("not json")
+    assert gate_normalize(str(tmp_path / "bad.json"), "per word") == "per word"  # the run reports the bad file

@@ -83,6 +83,25 @@ def test_gate_files_are_checked_before_any_model_prefills(tmp_path):
         load_gate(bad)
 
 
+def test_a_gate_trained_per_word_refuses_per_token_scores(tmp_path):
+    """A gate's weights are tuned to the NLL averaging it learned with: another one is a typed error before any
+    prefill, when a decode starts and when settings change mid-decode."""
+    models, names = pair(), ["a", "b"]
+    word = write(tmp_path, Gate(names, Gate.zeros(names).W, [0.0, 0.0], trained={"normalize": "word"}), "word.json")
+    token = write(tmp_path, Gate.zeros(names), "token.json")
+    assert load_gate(word).normalize == "word" and load_gate(token).normalize == "token"
+    with pytest.raises(GateError, match="averaged per word, not per token: decode with normalize='word'"):
+        AdaFuse(models, DecodeConfig(gate=word)).generate("Q")
+    with pytest.raises(GateError, match="averaged per token, not per word"):
+        AdaFuse(models, DecodeConfig(gate=token, normalize="word")).start("Q")
+    d = AdaFuse(models, DecodeConfig(gate=word, normalize="word", max_new_words=2)).start("Q")
+    d.propose()
+    with pytest.raises(GateError, match="per word, not per token"):
+        d.reconfigure(DecodeConfig(gate=word, normalize="token", max_new_words=2))
+    d.commit()
+    assert d.trace.rounds[0].weights and d.trace.settings["normalize"] == "word"
+
+
 def test_entropy_of_a_top_k_distribution():
     lp = torch.log(torch.tensor([0.5, 0.5, 0.0, 0.0]))
     assert entropy(lp) == pytest.approx(torch.log(torch.tensor(2.0)).item())
