@@ -70,6 +70,7 @@ class Decoding:
         # the last round (what it proposed past the committed text)
         self._proposed: dict[int, list[str]] = {}
         self._leftover: dict[int, str] = {}
+        self._cut_by_stop: set[int] = set()  # this round's candidates a proposal ended by holding a stop string
         self._costs: dict[int, int] = {}
         self._guesses: tuple[tuple | None, list[str]] = (None, [])  # prompt lookup of the current round
         self.done = False
@@ -132,6 +133,7 @@ class Decoding:
             moving.sort(key=lambda m: (self._cost(m), m))
         done = dict(zip(moving, self.workers.map(act, moving)))
         keys: dict[tuple[str, bool], int] = {}
+        self._cut_by_stop = set()
         words: list[int] = []
         proposers: list[list[str]] = []
         own: list[dict[int, Proposal]] = [{} for _ in self.sessions]
@@ -144,8 +146,6 @@ class Decoding:
             indices = []
             for p in proposals:
                 key = self._ending(p.text, p.eos)
-                if key[1] and not key[0].strip():  # whitespace and then the end: the answer ends here, one event
-                    key = ("", True)
                 if key[0] == "" and not key[1]:
                     continue
                 if key not in keys:
@@ -153,6 +153,8 @@ class Decoding:
                     proposers.append([])
                     words.append(p.words if key[0] == p.text else count_words(key[0]))
                 i = keys[key]
+                if key[1] and self._ended_by_stop(m, p):
+                    self._cut_by_stop.add(i)
                 if name not in proposers[i]:
                     proposers[i].append(name)
                 own[m].setdefault(i, p)
@@ -165,7 +167,7 @@ class Decoding:
         candidates = [Candidate(text=t, eos=e, proposers=proposers[i], nll={}, n_tokens={}, fused=None,
                                 words=words[i]) for i, (t, e) in enumerate(cands)]
         if self.method.scores and (len(cands) > 1 or cfg.score_single):
-            scored = self.workers.map(lambda m: score_candidates(self.sessions[m], cands, own[m]),
+            scored = self.workers.map(lambda m: score_candidates(self.sessions[m], cands, own[m], cfg.stop),
                                       range(len(self.sessions)))
             for name, scores in zip(self.names, scored):
                 for c, sc in zip(candidates, scores):
@@ -239,6 +241,16 @@ class Decoding:
         """Per model, the weight of its NLL in the fused score (`DecodeConfig.weights`); empty: all equal."""
         return dict(zip(self.names, self.config.weights)) if self.config.weights else {}
 
+    def _ended_by_stop(self, m: int, p: Proposal) -> bool:
+        """Whether proposal `p` of model `m` ended at one of the decode's stop strings (written out in its text, or
+        a token that starts one) rather than at an end token: the stop reason the trace gives if it wins."""
+        stops = tuple(self.config.stop)
+        if not stops:
+            return False
+        if find_stop(self.trace.output + p.text, stops, max(0, len(self.trace.output) - 1)) is not None:
+            return True
+        return p.eos and bool(p.tokens) and self.sessions[m].vocab_texts()[p.tokens[-1]].startswith(stops)
+
     def _ending(self, text: str, eos: bool) -> tuple[str, bool]:
         """A span holding a stop string or an end-token string (possibly begun in the committed text) is cut before it
         and ends the answer: (text before it, True). Text past the end is never scored."""
@@ -246,8 +258,15 @@ class Decoding:
         longest = max((len(x) for x in self.enders), default=0)
         cut = find_stop(old + text, self.enders, len(old) - longest + 1) if self.enders else None
         if cut is None or cut < len(old):  # a stop begun in committed text: commit cuts the rounds it began in
-            return text, eos
-        return text[: cut - len(old)], True
+            head, keep_space = text, False
+        else:
+            head, eos = text[: cut - len(old)], True
+            # whitespace before a stop string that does not begin with whitespace ("\n\n" before "Question") is
+            # part of how the answer ends: scored as that text and then the stop (scoring.py)
+            keep_space = any((old + text).startswith(x, cut) and not x[0].isspace() for x in self.config.stop)
+        if eos and not head.strip() and not keep_space:  # whitespace and then the end: the answer ends here, one event
+            head = ""
+        return head, eos
 
     def commit(self, choice: int | None = None) -> Round:
         """Append the winner (or candidate `choice`, marking the round overridden) and apply stop rules."""
@@ -267,7 +286,7 @@ class Decoding:
             stop = "stop string" if find_stop(new, cfg.stop, cut) == cut else "eos"
             new = new[:cut]
         elif cand.eos:
-            stop = "eos"
+            stop = "stop string" if r.chosen in self._cut_by_stop else "eos"
         elif cand.text == "":
             stop = "no progress"
         if len(new) < len(old):  # a stop string that began in earlier rounds: their texts lose its start

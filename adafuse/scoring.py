@@ -23,15 +23,65 @@ class Score:
     end_term: float | None = None  # for a candidate that ends the answer: log p(the answer ends here)
 
 
-def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Proposal] | None = None) -> list[Score]:
-    """Score every (text, eos) candidate after the committed text of `s`.
+def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Proposal] | None = None,
+                     stops: tuple[str, ...] = ()) -> list[Score]:
+    """Score every (text, eos) candidate after the committed text of `s`; `stops`: the decode's stop strings.
+
+    The end of the answer after a candidate's text is one event: every end token together (end tokens and tokens
+    whose text starts a stop string, pooled in `end_ids`) or a stop string spelled over several tokens ("\n\nQuestion:"
+    as "\n\n", "Question", ":"; "Paris" merged with the space before it into " Paris"). For each stop string the
+    candidate's text followed by the stop is scored too, and its path from the first token it changes joins the end
+    term: log(p(rest of the text, then an end token) + p(text followed by the stop)), still one term of the mean.
 
     T_m(c) is c tokenized in context: tokenize y + c, keep the tokens after the longest common prefix
     with y's tokens. `own` maps candidate index -> this model's own proposal, whose log-probs are
     reused when its generated tokens are exactly T_m(c). Reads the committed state only: speculative
     tokens of the model's own span stay where they are, so a winning span still commits for free.
     """
-    own = own or {}
+    ends = [i for i, (_, eos) in enumerate(cands) if eos]
+    paths = [(i, (cands[i][0] + stop, False)) for i in ends for stop in dict.fromkeys(stops) if stop]
+    logps, seqs, starts, aligned = _logprobs(s, list(cands) + [c for _, c in paths], own or {})
+    for k, (i, _) in enumerate(paths):
+        _join_stop_path(s, logps, seqs, starts, i, len(cands) + k)
+    scores = []
+    for i in range(len(cands)):
+        v = logps[i]
+        straddle = not aligned[i]
+        end = v[-1] if v and cands[i][1] and math.isfinite(v[-1]) else None
+        if not v:
+            scores.append(Score(None, 0, straddle, "no token of the candidate can be scored in context"))
+        elif any(math.isinf(x) or math.isnan(x) for x in v):
+            scores.append(Score(None, len(v), straddle, "probability 0 under this model"))
+        else:
+            scores.append(Score(-sum(v) / len(v), len(v), straddle, end_term=end))
+    return scores
+
+
+def _join_stop_path(s: ModelView, logps, seqs, starts, i: int, a: int) -> None:
+    """Fold the path of stop-string candidate `a` (candidate `i`'s text + a stop string) into `i`'s end term.
+
+    From L, the first position where the two tokenizations differ (the end of i's text when the stop's tokens just
+    follow it), i's remaining tokens and end marker become one term: log(exp(their sum) + exp(a's path from L)).
+    A stop string that is one pooled end token after the text is already counted; a path that changes tokens of the
+    committed text, or a log-prob missing or infinite, adds nothing."""
+    real, alt, va = _real(seqs[i]), seqs[a], logps[a]
+    lcp = common_prefix(real, alt)
+    if lcp < starts[i] or starts[a] != starts[i] or lcp >= len(alt) or not va or not logps[i]:
+        return
+    if lcp == len(real) and len(alt) == lcp + 1 and alt[lcp] in s.end_ids:
+        return  # already one of the pooled end tokens
+    head, tail = logps[i][: lcp - starts[i]], logps[i][lcp - starts[i]:]
+    path = va[lcp - starts[a]:]
+    if not tail or not path or not all(math.isfinite(x) for x in path):
+        return
+    total = torch.logaddexp(torch.tensor(sum(tail), dtype=torch.float64), torch.tensor(sum(path), dtype=torch.float64))
+    logps[i] = head + [float(total)]
+    seqs[i] = real[:lcp] + [END]
+
+
+def _logprobs(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Proposal]):
+    """Per candidate: the log-prob of each of its tokens in context from its first scored position (the end marker
+    last: every end token together), its token sequence, that first position, and whether it is aligned with y."""
     n_ids = len(s.ids)
     seqs, starts, aligned = [], [], []
     for text, eos in cands:
@@ -90,17 +140,7 @@ def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int,
     values = torch.stack(picked).tolist() if picked else []
     for i in todo:
         logps[i] = values[spans[i][0]: spans[i][1]]
-    scores = []
-    for i, v in enumerate(logps):
-        straddle = not aligned[i]
-        end = v[-1] if v and cands[i][1] and math.isfinite(v[-1]) else None
-        if not v:
-            scores.append(Score(None, 0, straddle, "no token of the candidate can be scored in context"))
-        elif any(math.isinf(x) or math.isnan(x) for x in v):
-            scores.append(Score(None, len(v), straddle, "probability 0 under this model"))
-        else:
-            scores.append(Score(-sum(v) / len(v), len(v), straddle, end_term=end))
-    return scores
+    return logps, seqs, starts, aligned
 
 
 def _real(seq: list[int]) -> list[int]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -147,7 +148,8 @@ class Trace:
                              "the app's export")
 
         def num(v, none=False):
-            return (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool))
+            return (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                            and math.isfinite(v))
 
         if not isinstance(self.prompt, str) or not isinstance(self.output, str):
             bad("prompt/output", "must be text")
@@ -203,6 +205,9 @@ class Trace:
                         "numbers and a picked flag")
             for j, c in enumerate(r.candidates):
                 where = f"{at}.candidates[{j}]"
+                if not all(num(v, none=True) for f in ("n_tokens", "end_term") if isinstance(getattr(c, f), dict)
+                           for v in getattr(c, f).values()):
+                    bad(f"{where}.n_tokens/end_term", "must hold finite numbers (or null)")
                 if not isinstance(c.text, str) or not isinstance(c.eos, bool):
                     bad(where, "needs text and an eos flag")
                 if not isinstance(c.proposers, list) or not num(c.fused, none=True):
@@ -211,7 +216,9 @@ class Trace:
                     if not isinstance(getattr(c, f), dict):
                         bad(f"{where}.{f}", "must be an object keyed by model")
                 if not all(num(v, none=True) for v in c.nll.values()):
-                    bad(f"{where}.nll", "must hold numbers (or null)")
+                    bad(f"{where}.nll", "must hold finite numbers (or null)")
+        if self.version >= 2 and "".join(r.text for r in self.rounds if isinstance(r.text, str)) != self.output:
+            bad("output", "is not the rounds' texts joined (every round appends its text to the output)")
 
     def to_json(self) -> str:
         """Strict JSON (no NaN or Infinity: browsers' JSON.parse rejects them; unscored values are null)."""
@@ -225,8 +232,8 @@ class Trace:
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            data = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_not_json)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             # the file's name only: an upload's full path is a server's temporary folder, no use to the reader
             raise TraceError(f"cannot read trace {Path(path).name}: {reason}; pick a .json trace exported by "
@@ -235,3 +242,8 @@ class Trace:
             raise TraceError(f"{Path(path).name} is JSON but not an AdaFuse trace (no 'rounds'/'models'); "
                              "pick a file exported by AdaFuse")
         return cls.from_dict(data)
+
+
+def _not_json(constant: str):
+    """NaN / Infinity / -Infinity: Python's json reads them, strict JSON (and browsers) do not."""
+    raise ValueError(f"{constant} is not a JSON number (traces are strict JSON: unscored values are null)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,16 @@ def unload(name: str | None) -> str:
     return f"✓ unloaded {name} (its memory is freed once no decode in progress holds it)"
 
 
+def remote_code_allowed() -> bool:
+    """Whether visitors may tick "Trust remote code" (which runs a model repository's Python on this server):
+    ADAFUSE_ALLOW_REMOTE_CODE=1/0; unset, yes on one's own machine and no on a Hugging Face Space (SPACE_ID set),
+    where anyone who opens the page could otherwise run any repository's code there."""
+    flag = os.environ.get("ADAFUSE_ALLOW_REMOTE_CODE", "").strip().lower()
+    if flag:
+        return flag in ("1", "true", "yes", "on")
+    return not os.environ.get("SPACE_ID")
+
+
 @dataclass
 class Explorer:
     """What one browser session is looking at."""
@@ -101,13 +112,23 @@ class Explorer:
     cancel_requested: bool = False     # Cancel pressed: the run stops after the round (or single decode) under way
     confirm_key: tuple | None = None   # a change that would discard the decode in progress, awaiting a second press
     trust_remote_code: bool = False    # the page's "Trust remote code" switch: models whose repo ships Python may run it
+    replaced_by: "Explorer | None" = None  # Reset made a fresh session: a run still ending here must show that one
 
     @property
     def pending(self):
         return self.decoding.pending if self.decoding is not None and not self.decoding.done else None
 
+    @property
+    def trusted(self) -> bool:
+        """The "Trust remote code" switch, if this server lets visitors turn it on (`remote_code_allowed`)."""
+        if self.trust_remote_code and not remote_code_allowed():
+            raise ConfigError("this server does not run code shipped in model repositories (ADAFUSE_ALLOW_REMOTE_CODE"
+                              " is off, the default on a public Space): untick Trust remote code, or pick a model "
+                              "that needs none")
+        return self.trust_remote_code
+
     def _get(self, name: str):
-        return get_model(name, trust_remote_code=self.trust_remote_code)
+        return get_model(name, trust_remote_code=self.trusted)
 
     def plan(self, names, cfg: DecodeConfig, prompt: str, device: str | None = None) -> tuple[str, str]:
         """What a Run or Step would do with these inputs: ("continue", changed live settings), ("new", ""), or
@@ -208,7 +229,11 @@ class Explorer:
         that round's pool, then on to the end. Yields (label, decoding) after each round; the branch joins
         `others` (side by side with the original) and `branches` (marked in the tree)."""
         r, c = _index(round_index, "round"), _index(candidate, "candidate")
-        models, trace = self._trace_models(), self.trace
+        trace = self.trace
+        if trace is not None and 0 <= r < len(trace.rounds) and c == trace.rounds[r].chosen:
+            raise ConfigError(f"candidate {c} is what round {r} already chose: a branch from it is the decode on view; "
+                              "pick another candidate of that round")
+        models = self._trace_models()
         d = branch_from(models, trace, r, c)
         picked = trace.rounds[r].candidates[c]
         label = f"branch at round {r}: {candidate_label(picked.text, picked.eos)}"
@@ -244,7 +269,7 @@ class Explorer:
         runs = parse_methods(list(methods), model_specs(names, device))
         out = Path(tempfile.mkdtemp(prefix="adafuse-eval-"))
         evaluate(TASKS[task_name], runs, out, limit=int(limit), base=base, progress=True,
-                 trust_remote_code=self.trust_remote_code)
+                 trust_remote_code=self.trusted)
         self.eval_rows = load_results(out)
         return self.eval_rows
 

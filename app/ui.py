@@ -7,7 +7,7 @@ import gradio as gr
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
 from adafuse.decoder import MAX_MODELS
-from adafuse.errors import AdafuseError
+from adafuse.errors import AdafuseError, ConfigError
 from adafuse.explain import token_view_html, tree_html
 from adafuse.gate import load_gate
 from adafuse.harness.tasks import TASKS, data_source
@@ -16,7 +16,7 @@ from adafuse.report import candidate_label
 from . import api, plots
 from .gpu import gpu
 from .controller import (ASSETS, COMPARE_METHODS, EVAL_METHODS, Explorer, device_choices, disagreements, friendly,
-                         load_examples, loaded_frame, parse_stops, stop_note, unload)
+                         load_examples, loaded_frame, parse_stops, remote_code_allowed, stop_note, unload)
 
 GATES = ASSETS / "gates"
 
@@ -125,12 +125,27 @@ def gate_normalize(path: str, current: str):
     return next((label for label, v in NORMALIZE.items() if v == norm), current)
 
 
+def _whole(value, what: str) -> int:
+    """A count typed into a slider's box: a whole number, or a typed error naming the setting (2.5 is not silently 2)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be a whole number, not {value!r}") from None
+    if not v.is_integer():
+        raise ConfigError(f"{what} must be a whole number, not {value!r}")
+    return int(v)
+
+
 def _settings(names, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
               system, thinking, speculate, normalize, gate, *weights) -> DecodeConfig:
     picked = [float(w) for w in weights[: len([n for n in names or [] if str(n).strip()])]]
-    return DecodeConfig(tau=float(tau), max_words=int(max_words), branches=int(branches), diversity=bool(diversity),
-                        exploration=exploration, explore_lambda=float(lam),
-                        max_new_words=int(max_new_words), max_new_tokens=int(max_new_tokens), mode=mode,
+    if picked and not gate and not any(picked):
+        raise ConfigError("every model's weight is 0: at least one model must count in the fused score")
+    return DecodeConfig(tau=float(tau), max_words=_whole(max_words, "M (most words a confident model commits)"),
+                        branches=_whole(branches, "B (candidates an uncertain model explores)"),
+                        diversity=bool(diversity), exploration=exploration, explore_lambda=float(lam),
+                        max_new_words=_whole(max_new_words, "Max new words"),
+                        max_new_tokens=_whole(max_new_tokens, "Max new tokens"), mode=mode,
                         stop=parse_stops(stop), system=(system or "").strip(), thinking=THINKING[thinking],
                         weights=tuple(picked) if len(set(picked)) > 1 else (), gate=gate or "",
                         speculate=bool(speculate), normalize=NORMALIZE.get(normalize, normalize))
@@ -324,7 +339,10 @@ def build_demo() -> gr.Blocks:
                 load_status = gr.Markdown("Bundled pair preselected; models load on first use.",
                                           elem_id="af-load-status")
                 trust = gr.Checkbox(False, label="Trust remote code (runs the Python a model's repository ships: "
-                                                 "only for repositories you trust)", elem_id="af-trust")
+                                                 "only for repositories you trust)", elem_id="af-trust",
+                                    interactive=remote_code_allowed(),
+                                    info=None if remote_code_allowed() else "off on this server "
+                                         "(ADAFUSE_ALLOW_REMOTE_CODE)")
                 for c in (tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens,
                           mode, stop):
                     c.render()
@@ -410,7 +428,14 @@ def build_demo() -> gr.Blocks:
             return (msg, *loaded_views())
 
         @gpu
-        def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, *s):
+        def shown(ex, status: str, **kw):
+            """The outputs for session `ex`, or for the fresh one a Reset made while this handler was still working
+            (its last outputs must not bring the old session back)."""
+            if ex.replaced_by is not None:
+                return (ex.replaced_by, *render(ex.replaced_by, "↺ reset"))
+            return (ex, *render(ex, status, **kw))
+
+        def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, picked, *s):
             ex = ex or Explorer()
             ex.trust_remote_code = bool(allow)
             if ex.running:
@@ -423,34 +448,38 @@ def build_demo() -> gr.Blocks:
                     yield (ex, *render(ex, _confirm(ex, what, "▶ Run")))
                     return
                 ex.running, ex.cancel_requested = True, False
-                yield (ex, *render(ex, "… loading models and reading the prompt", export=False))
+                yield shown(ex, "… loading models and reading the prompt", export=False)
+                before = ex.decoding
                 d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
                 changed = f" ({what} from round {d.trace.changes[-1]['from_round']})" if what else ""
-                yield (ex, *render(ex, f"… decoding{changed}", export=False, loaded=True))
+                if d is before and d.pending is not None and picked is not None:  # the step mode's pick goes first
+                    r = d.commit(int(picked))
+                    changed += f" (round {r.index}: " + ("your pick" if r.overridden else "the winner") + ")"
+                yield shown(ex, f"… decoding{changed}", export=False, loaded=True)
                 while not d.done and not ex.cancel_requested:
                     r = d.step()
-                    yield (ex, *render(ex, f"… round {r.index + 1} · {d.trace.words} words", export=False))
+                    yield shown(ex, f"… round {r.index + 1} · {d.trace.words} words", export=False)
                 if not ex.cancel_requested:
                     for label in ex.run_others(names, cfg, prompt_text, other_methods, dev):
-                        yield (ex, *render(ex, f"… {label} done", export=False))
+                        yield shown(ex, f"… {label} done", export=False)
                 if want_singles and not ex.cancel_requested:
                     for name in ex.run_singles(names, cfg, prompt_text, dev):
-                        yield (ex, *render(ex, f"… {name} alone done", export=False))
+                        yield shown(ex, f"… {name} alone done", export=False)
                 ex.running = False
                 if ex.cancel_requested and d.trace.stop_reason in (None, "cancelled"):
                     d.cancel()
-                    yield (ex, *render(ex, f"■ cancelled after round {len(d.trace.rounds)}: the "
-                                           f"{d.trace.words} words so far are kept", loaded=True))
+                    yield shown(ex, f"■ cancelled after round {len(d.trace.rounds)}: the "
+                                    f"{d.trace.words} words so far are kept", loaded=True)
                     return
                 if ex.cancel_requested:  # the fused decode had finished: only the comparisons were stopped
-                    yield (ex, *render(ex, f"■ cancelled the comparisons; the fused decode had finished: "
-                                           f"{d.trace.words} words, {stop_note(d.trace)}", loaded=True))
+                    yield shown(ex, f"■ cancelled the comparisons; the fused decode had finished: "
+                                    f"{d.trace.words} words, {stop_note(d.trace)}", loaded=True)
                     return
-                yield (ex, *render(ex, f"✓ done: {d.trace.words} words in {len(d.trace.rounds)} rounds "
-                                       f"({d.trace.seconds:.1f}s), {stop_note(d.trace)}", loaded=True))
+                yield shown(ex, f"✓ done: {d.trace.words} words in {len(d.trace.rounds)} rounds "
+                                f"({d.trace.seconds:.1f}s), {stop_note(d.trace)}", loaded=True)
             except Exception as exc:  # noqa: BLE001
                 ex.running = False
-                yield (ex, *_error(ex, exc))
+                yield (ex.replaced_by, *render(ex.replaced_by, "↺ reset")) if ex.replaced_by else (ex, *_error(ex, exc))
             finally:  # also when Reset closes this run
                 ex.running = False
 
@@ -487,7 +516,7 @@ def build_demo() -> gr.Blocks:
                 else:
                     note += f"; finished ({stop_note(d.trace)})"
                 ex.running = False
-                return (ex, *render(ex, f"› {html.escape(note)}", loaded=True))
+                return shown(ex, f"› {html.escape(note)}", loaded=True)
             except Exception as exc:  # noqa: BLE001
                 ex.running = False
                 return (ex, *_error(ex, exc))
@@ -512,11 +541,11 @@ def build_demo() -> gr.Blocks:
                 yield (ex, *render(ex, f"… branching from round {r_idx}: deciding the rounds before it again",
                                    export=False))
                 for label, d in ex.branch(r_idx, c_idx):
-                    yield (ex, *render(ex, f"… {html.escape(label)}: round {len(d.trace.rounds)} · "
-                                           f"{d.trace.words} words", export=False))
+                    yield shown(ex, f"… {html.escape(label)}: round {len(d.trace.rounds)} · {d.trace.words} words",
+                                export=False)
                 ex.running = False
-                yield (ex, *render(ex, f"✓ {html.escape(label)}: {d.trace.words} words ({stop_note(d.trace)}); see it "
-                                       "beside the original under *Fused vs alone*", loaded=True))
+                yield shown(ex, f"✓ {html.escape(label)}: {d.trace.words} words ({stop_note(d.trace)}); see it "
+                                "beside the original under *Fused vs alone*", loaded=True)
             except Exception as exc:  # noqa: BLE001
                 ex.running = False
                 yield (ex, *_error(ex, exc))
@@ -532,10 +561,11 @@ def build_demo() -> gr.Blocks:
                 return f'<div class="af-empty">⚠️ {html.escape(friendly(exc))}</div>'
 
         def on_reset(ex):
+            fresh = Explorer()
             if ex is not None:
                 ex.cancel_requested = True  # a run still under way stops at its next round
-            ex = Explorer()
-            return (ex, *render(ex, "↺ reset"))
+                ex.replaced_by = fresh      # and whatever it shows last is this fresh session
+            return (fresh, *render(fresh, "↺ reset"))
 
         def on_round(ex, idx):
             ex = ex or Explorer()
@@ -597,7 +627,7 @@ def build_demo() -> gr.Blocks:
                        concurrency_limit=1, concurrency_id="eval").then(loaded_views, None, refresh,
                                                                        show_progress="hidden")
         open_btn.click(on_open, [state, open_line, open_method], [state, *outputs])
-        run_evt = run_btn.click(on_run, [state, models, device, trust, prompt, compare, others, *settings],
+        run_evt = run_btn.click(on_run, [state, models, device, trust, prompt, compare, others, choice, *settings],
                                 [state, *outputs],
                                 concurrency_limit=2, concurrency_id="decode")
         step_evt = step_btn.click(on_step, [state, models, device, trust, prompt, choice, *settings],

@@ -52,7 +52,9 @@ def weighted(task: str) -> list[str]:
         out.append(f"adafuse+weights=adafuse[weights={'/'.join(f'{w:g}' for w in best)}]")
     gate = ROOT / "assets" / "gates" / f"{fam}.json"
     if gate.exists():
-        out.append(f"adafuse+gate=adafuse[gate={gate.relative_to(ROOT)}]")
+        norm = json.loads(gate.read_text()).get("trained", {}).get("normalize", "token")  # decoded as it learned
+        out.append(f"adafuse+gate=adafuse[gate={gate.relative_to(ROOT)}"
+                   + (f",normalize={norm}]" if norm != "token" else "]"))
     # the static weights with each candidate's NLL averaged per token or per word, whichever scored better on the
     # family's training examples (results/gate/normalize-<family>.json, from `gate search --normalize token|word`)
     norm = ROOT / "results" / "gate" / f"normalize-{fam}.json"

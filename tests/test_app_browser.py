@@ -208,6 +208,29 @@ def test_step_mode_with_an_override(page):
     pg.screenshot(path=str(SHOTS / "step-override.png"), full_page=True)
 
 
+def test_run_commits_the_step_pick_first_and_a_reset_is_not_undone_by_the_run(page):
+    pg = page
+    fresh(pg, "Chat · three colours", "primary colors")
+    pg.locator("#af-step").click()
+    wait_status(pg, "round 0 decided", 200)
+    pg.locator("#af-choice input").click()
+    options = pg.locator("ul[role=listbox] li")
+    options.first.wait_for()
+    pick = next((i for i, t in enumerate(options.all_inner_texts()) if "winner" not in t), None)
+    assert pick is not None, "round 0 has a single candidate"
+    options.nth(pick).click()
+    pg.locator("#af-run").click()
+    wait_status(pg, "✓ done", 300)
+    assert pg.locator('#af-fused .af-span[style*="e3d2fb"]').count() >= 1  # the pick was committed, as an override
+    fresh(pg, "Chat · tea tips", "cup of tea")
+    pg.locator("#af-run").click()
+    wait_status(pg, "round 1", 200)
+    pg.locator("#af-reset").click()
+    wait_status(pg, "reset", 60)
+    time.sleep(8)  # the run ends its round under way meanwhile: it must not bring the old session back
+    assert "reset" in status(pg) and pg.locator("#af-fused .af-out .af-span").count() == 0, status(pg)
+
+
 def test_step_is_refused_while_a_run_decodes(page):
     pg = page
     fresh(pg, "Chat · tea tips", "cup of tea")

@@ -176,3 +176,52 @@ def test_picking_a_gate_sets_the_nll_averaging_it_was_trained_with(tmp_path):
     assert gate_normalize("", "per word") == "per word"  # no gate: the user's choice stays
     (tmp_path / "bad.json").write_text("not json")
     assert gate_normalize(str(tmp_path / "bad.json"), "per word") == "per word"  # the run reports the bad file
+
+
+def test_remote_code_is_refused_where_the_server_does_not_allow_it(monkeypatch):
+    """On a public Space a visitor's "Trust remote code" would run any repository's Python on the server: off there
+    unless the operator turns it on; on one's own machine on unless turned off."""
+    from app.controller import remote_code_allowed
+    monkeypatch.delenv("ADAFUSE_ALLOW_REMOTE_CODE", raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert remote_code_allowed()
+    monkeypatch.setenv("SPACE_ID", "user/space")
+    assert not remote_code_allowed()
+    ex = Explorer(trust_remote_code=True)
+    with pytest.raises(ConfigError, match="ADAFUSE_ALLOW_REMOTE_CODE"):
+        ex.load(["smollm2-135m-instruct", "gemma3-270m"])
+    assert Explorer(trust_remote_code=False).trusted is False  # untrusting is always fine
+    monkeypatch.setenv("ADAFUSE_ALLOW_REMOTE_CODE", "1")
+    assert remote_code_allowed() and Explorer(trust_remote_code=True).trusted
+    monkeypatch.delenv("SPACE_ID")
+    monkeypatch.setenv("ADAFUSE_ALLOW_REMOTE_CODE", "0")
+    assert not remote_code_allowed()
+
+
+def test_slider_boxes_take_whole_counts_and_some_weight():
+    from app.ui import _settings
+    base = dict(names=["a", "b"], tau=0.7, max_words=3, branches=3, diversity=True, exploration="surface", lam=1.0,
+                max_new_words=20, max_new_tokens=80, mode="raw", stop="", system="", thinking="template default",
+                speculate=False, normalize="per token (paper)", gate="")
+
+    def settings(weights=(1, 1), **kw):
+        return _settings(*{**base, **kw}.values(), *weights)
+
+    assert settings(max_words=2.0).max_words == 2 and settings(weights=(1, 3)).weights == (1.0, 3.0)
+    for key, value, named in (("max_words", 2.5, "M"), ("branches", "x", "B"), ("max_new_words", None, "Max new words")):
+        with pytest.raises(ConfigError, match=f"{named}.*whole number"):
+            settings(**{key: value})
+    with pytest.raises(ConfigError, match="weight is 0"):
+        settings(weights=(0, 0))
+    assert settings(weights=(0, 0), gate="g.json").gate == "g.json"  # a gate replaces the sliders
+
+
+def test_a_branch_from_the_candidate_already_chosen_is_refused_before_any_model_loads():
+    from adafuse.trace import Candidate, ModelStep, Round, Trace
+    r = Round(index=0, steps=[ModelStep("m", "explore", [0.1], [0, 1])], chosen=1, winner=1, text=" y", words=1,
+              seconds=0.0, candidates=[Candidate(" x", False, ["m"], {}, {}, None, 1),
+                                       Candidate(" y", False, ["m"], {}, {}, None, 1)])
+    ex = Explorer(trace=Trace(prompt="p", models=["no-such-model"], settings={}, prompt_modes={}, rounds=[r],
+                              output=" y"))
+    with pytest.raises(ConfigError, match="round 0 already chose"):
+        next(ex.branch(0, 1))

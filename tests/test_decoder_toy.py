@@ -1,4 +1,6 @@
 """The algorithm on toy LMs whose right answers are computed by hand here."""
+import math
+
 import pytest
 import torch
 
@@ -102,8 +104,8 @@ def test_whole_decode_reproduces_output_and_stops_at_eos():
 def test_stop_string_cuts_the_output():
     rules = dict(A_RULES, **{" is": {"\n": 0.95}, "\n": {" nice": 0.99}})
     tr = AdaFuse(pair(a=rules), DecodeConfig(tau=0.0, stop=("\n",))).generate("Q")
-    # "\n" starts the stop string: it is the end of the answer, like an end token
-    assert tr.stop_reason == "eos" and "\n" not in tr.output and tr.output
+    # "\n" starts the stop string: it is the end of the answer, like an end token, and the trace says which ended it
+    assert tr.stop_reason == "stop string" and "\n" not in tr.output and tr.output
 
 
 def test_model_without_whitespace_still_moves():
@@ -150,6 +152,32 @@ def test_scoring_does_not_change_the_session():
     assert s.ids == ids and s.text == text and bool((s.next_logprobs == lp).all())
     # "the answer ends" = the end tokens (<eos>; <bos> is special but never ends the answer), unlisted at "Q"
     assert scores[2].nll == pytest.approx(nll((1 - 0.95) / 10), abs=1e-5)
+
+
+def test_a_stop_string_of_several_tokens_is_the_end_of_the_answer():
+    """A stop string spelled over several tokens ("\nQ:" as "\n", "Q", ":") ends the answer with the probability of
+    that spelling, pooled with the end tokens into one term; text before a stop that does not start with whitespace
+    ("\n" before "Q:") is scored as text, then the stop."""
+    vocab = ["Q", "A", ":", "\n", " x", " y", " Q"]
+    rules = {"A:": {" x": 0.6, " y": 0.3}, " x": {"\n": 0.9, "<eos>": 0.01}, "\n": {"Q": 0.8}, "\nQ": {":": 0.9}}
+    m = toy_model("m", vocab, rules)
+    s = ModelSession(m, "A:")
+    s.commit(" x")
+    plain = score_candidates(s, [("", True)])  # the end tokens alone
+    (end,) = score_candidates(s, [("", True)], stops=("\nQ:",))
+    assert plain[0].nll == pytest.approx(-math.log(0.01), abs=1e-5)
+    assert end.n_tokens == 1 and end.nll == pytest.approx(-math.log(0.01 + 0.9 * 0.8 * 0.9), abs=1e-5)
+    assert end.end_term == pytest.approx(math.log(0.01 + 0.9 * 0.8 * 0.9), abs=1e-5)
+    # stop "Q:" after "\n": the candidate is "\n" then the end; "Q" merging with a space (" Q") is another spelling
+    (nl_end,) = score_candidates(s, [("\n", True)], stops=("Q:",))
+    p_nl, p_end = 0.9, 0.8 * 0.9 + (1 - 0.8) / 8  # after "\n": "Q" then ":", or <eos> (an even share of 8)
+    assert nl_end.n_tokens == 2 and nl_end.nll == pytest.approx(nll(p_nl, p_end), abs=1e-5)
+    # the whole decode stops there, for that reason, and the text before the stop is kept
+    other = toy_model("o", vocab, {"A:": {" x": 0.7}, " x": {"\n": 0.8}, "\n": {"Q": 0.9}, "\nQ": {":": 0.9}})
+    tr = AdaFuse([m, other], DecodeConfig(tau=0.5, max_words=3, stop=("\nQ:",))).generate("A:")
+    assert tr.output == " x" and tr.stop_reason == "stop string"
+    tr = AdaFuse([m, other], DecodeConfig(tau=0.5, max_words=3, stop=("Q:",))).generate("A:")
+    assert tr.output == " x\n" and tr.stop_reason == "stop string"
 
 
 def test_cache_follows_commits_exactly():

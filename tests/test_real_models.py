@@ -86,7 +86,7 @@ def test_single_model_greedy_matches_transformers_generate(pair):
                            max_new_tokens=40, do_sample=False)
     ref = sm.tokenizer.decode(out[0, len(ids):])
     assert ref.startswith(tr.output) and len(tr.output) > 20
-    assert len(tr.rounds) == tr.words and tr.stop_reason in ("eos", "max_new_words")
+    assert len(tr.rounds) == tr.words and tr.stop_reason in ("eos", "stop string", "max_new_words")
 
 
 def test_loader_errors_are_typed(tmp_path):

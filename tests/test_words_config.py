@@ -69,6 +69,10 @@ def test_trace_round_trip(tmp_path):
     (("rounds", 0, "candidates", 0, "nll"), {"a": "x"}, "rounds[0].candidates[0].nll"),
     (("rounds", 0, "steps"), [], "rounds[0].steps"),
     (("models",), "a", "models"),
+    (("rounds", 0, "candidates", 0, "fused"), float("nan"), "NaN"),  # written as the non-JSON constant NaN
+    (("rounds", 0, "candidates", 0, "nll"), {"a": float("inf")}, "Infinity"),
+    (("output",), " x y", "output"),  # the rounds' texts are " x"
+    (("rounds",), [], "output"),
 ])
 def test_an_inconsistent_trace_file_is_refused_with_the_field_named(tmp_path, path, value, field):
     import json
