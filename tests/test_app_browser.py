@@ -174,19 +174,23 @@ def test_run_mode_renders_every_view_and_exports(page, tmp_path):
     assert "".join(shown.split()) == "".join(data["output"].split())  # the loaded trace's text, span by span
 
 
-def test_step_mode_with_an_override(page):
-    pg = page
-    fresh(pg, "Chat · three colours", "primary colors")
+def step_and_pick_another(pg) -> None:
+    """Step to round 0's decision and pick a candidate other than the winner for the next commit."""
     pg.locator("#af-step").click()
     wait_status(pg, "round 0 decided", 200)
-    choice = pg.locator("#af-choice")
-    choice.locator("input").click()
+    pg.locator("#af-choice input").click()
     options = pg.locator("ul[role=listbox] li")
     options.first.wait_for()
     texts = options.all_inner_texts()
     pick = next((i for i, t in enumerate(texts) if "winner" not in t), None)
     assert pick is not None, f"round 0 has a single candidate: {texts}"
     options.nth(pick).click()
+
+
+def test_step_mode_with_an_override(page):
+    pg = page
+    fresh(pg, "Chat · three colours", "primary colors")
+    step_and_pick_another(pg)
     pg.locator("#af-step").click()
     wait_status(pg, "your override", 200)
     assert pg.locator('#af-fused .af-span[style*="e3d2fb"]').count() >= 1
@@ -211,14 +215,7 @@ def test_step_mode_with_an_override(page):
 def test_run_commits_the_step_pick_first_and_a_reset_is_not_undone_by_the_run(page):
     pg = page
     fresh(pg, "Chat · three colours", "primary colors")
-    pg.locator("#af-step").click()
-    wait_status(pg, "round 0 decided", 200)
-    pg.locator("#af-choice input").click()
-    options = pg.locator("ul[role=listbox] li")
-    options.first.wait_for()
-    pick = next((i for i, t in enumerate(options.all_inner_texts()) if "winner" not in t), None)
-    assert pick is not None, "round 0 has a single candidate"
-    options.nth(pick).click()
+    step_and_pick_another(pg)
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done", 300)
     assert pg.locator('#af-fused .af-span[style*="e3d2fb"]').count() >= 1  # the pick was committed, as an override
