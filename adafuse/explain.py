@@ -13,7 +13,7 @@ from .decoder import _open_view, _unique_names
 from .errors import ConfigError
 from .loading import LoadedModel, get_model
 from .report import candidate_label, show
-from .scoring import END, _real
+from .scoring import END, _real, score_candidates
 from .trace import Candidate, Round, Trace
 from .words import common_prefix
 from .writer import end_logprobs, margin
@@ -194,6 +194,18 @@ def _model_tokens(lm: LoadedModel, name: str, trace: Trace, config: DecodeConfig
                        "prob": math.exp(lp) if math.isfinite(lp) else 0.0,
                        "part": "end" if tok == END else "candidate"})
     _mark_parts(tokens, c.text, aligned)
+    note = ""
+    if c.eos and config.stop and values:  # a stop string spelled over several tokens joins the end term (scoring.py)
+        sc = score_candidates(view, [(c.text, True)], stops=tuple(config.stop))[0]
+        if sc.end_term is not None and sc.n_tokens <= len(values) and \
+                abs(sum(values[sc.n_tokens - 1:]) - sc.end_term) > 1e-9:
+            joined = tokens[sc.n_tokens - 1:]
+            tokens = tokens[: sc.n_tokens - 1] + [{
+                "id": -1, "text": "", "logprob": sc.end_term, "prob": math.exp(sc.end_term), "part": "end",
+                "joined": [t["text"] for t in joined if t["part"] != "end"]}]
+            values = values[: sc.n_tokens - 1] + [sc.end_term]
+            note = ("the end term also counts a stop string spelled over several tokens after "
+                    + (f"{''.join(tokens[-1]['joined'])!r}" if tokens[-1]["joined"] else "the text"))
     finite = values and all(math.isfinite(v) for v in values)
     step = next((s for s in r.steps if s.model == name), None)
     lp0 = view.next_logprobs
@@ -208,8 +220,8 @@ def _model_tokens(lm: LoadedModel, name: str, trace: Trace, config: DecodeConfig
         "n_tokens": len(values), "nll_sum": -sum(values) if finite else None,
         "nll": -sum(values) / len(values) if finite else None,
         "recorded_nll": c.nll.get(name), "recorded_n_tokens": c.n_tokens.get(name),
-        "note": "" if finite else ("no token of the candidate can be scored in context" if not values
-                                   else "probability 0 under this model"),
+        "note": note if finite else ("no token of the candidate can be scored in context" if not values
+                                     else "probability 0 under this model"),
         "top": top_rows, "margin": margin(lp0),
         "recorded_margin": step.margins[0] if step and step.margins else None,
     }

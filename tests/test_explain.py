@@ -267,3 +267,19 @@ def test_real_pair_token_view_matches_the_trace(pair, hamlet):
             assert probs == sorted(probs, reverse=True)
             assert row["margin"] == pytest.approx(probs[0] - probs[1], abs=1e-6)
     assert token_view_html(rows).count("<table") == 2 * len(rows)
+
+
+def test_token_view_counts_a_stop_string_of_several_tokens_in_the_end_term():
+    vocab = ["Q", "A", ":", "\n", " x", " y", " Q"]
+    rules = {"A:": {" x": 0.6, " y": 0.3}, " x": {"\n": 0.9, "<eos>": 0.01}, "\n": {"Q": 0.8}, "\nQ": {":": 0.9}}
+    models = [toy_model("m", vocab, rules), toy_model("o", vocab, {"A:": {" x": 0.7}, " x": {"\n": 0.8},
+                                                                   "\n": {"Q": 0.9}, "\nQ": {":": 0.9}})]
+    tr = AdaFuse(models, DecodeConfig(tau=0.5, max_words=3, stop=("\nQ:",), score_single=True)).generate("A:")
+    ends = [(r, j, c) for r in tr.rounds for j, c in enumerate(r.candidates) if c.eos]
+    assert ends
+    for r, j, c in ends:
+        for row in token_view(models, tr, r.index, j):
+            assert row["end_term"] == pytest.approx(c.end_term[row["model"]], abs=1e-6)
+            assert row["nll"] == pytest.approx(c.nll[row["model"]], abs=1e-6)
+            assert row["n_tokens"] == c.n_tokens[row["model"]]
+            assert "stop string spelled over several tokens" in row["note"]
