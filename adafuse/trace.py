@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import TraceError
 
-TRACE_VERSION = 2  # 2: end events with stop strings, notes, end_term, cut
+TRACE_VERSION = 3  # 2: end events with stop strings, notes, end_term, cut; 3: stop strings of several tokens
 
 
 @dataclass

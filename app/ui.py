@@ -107,7 +107,8 @@ def gate_choices() -> list[tuple[str, str]]:
         except AdafuseError:
             continue
         tasks = ", ".join(g.trained.get("tasks", [])) or "?"
-        out.append((f"{path.stem}: {' + '.join(g.models)} · trained on {tasks}", str(path)))
+        per = " · NLL per word" if g.normalize == "word" else ""
+        out.append((f"{path.stem}: {' + '.join(g.models)} · trained on {tasks}{per}", str(path)))
     return out
 
 

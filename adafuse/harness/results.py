@@ -51,18 +51,31 @@ def _per_example(rows: list[dict]) -> dict[tuple[str, str], dict[int, float]]:
     return out
 
 
+OLD_DECODERS = {1: "before the exactness fixes and the end-of-answer event",
+                2: "before a stop string spelled over several tokens counted as the end of the answer"}
+
+
 def _versions(rows: list[dict], order: list[str], tasks: list[str]) -> list[str]:
-    """Which decoder version produced each (task, method): trace version 2 is the current decoder."""
+    """Which decoder version produced each (task, method). Version 3 changed only how a stop string of several tokens
+    ends the answer, so a version-2 row counts as current where every stop string of its task is one character (it
+    could only gain a merged spelling such as ".\n")."""
     seen: dict[tuple[str, str], set] = defaultdict(set)
     for r in rows:
         seen[(r["task"], r["method"])].add(r["trace"].get("version", 1))
     methods = order + sorted({m for _, m in seen} - set(order))
-    old = [f"{m} on {t}" for m in methods for t in tasks if seen.get((t, m)) and max(seen[(t, m)]) < TRACE_VERSION]
-    text = ("Every row above was decoded with the current decoder (trace version "
-            f"{TRACE_VERSION})." if not old else
-            f"Decoded with the current decoder (trace version {TRACE_VERSION}) except: {', '.join(old)} — those rows "
-            "are from the previous decoder (trace version 1: before the exactness fixes and the end-of-answer event).")
-    return [text, ""]
+    old: dict[int, list[str]] = defaultdict(list)
+    for m in methods:
+        for t in tasks:
+            v = max(seen.get((t, m)) or {TRACE_VERSION})
+            if v < 2 or (v == 2 and any(len(s) > 1 for s in TASKS[t].stop)):
+                old[v].append(f"{m} on {t}")
+    if not old:
+        return [f"Every row above was decoded with the current decoder (trace version {TRACE_VERSION}).", ""]
+    parts = [f"{', '.join(old[v])} — trace version {v} ({OLD_DECODERS[v]})" for v in sorted(old)]
+    return [f"Decoded with the current decoder (trace version {TRACE_VERSION}; version-2 rows count as current on "
+            "tasks whose stop strings are one character: there version 3 only adds spellings that merge the stop with the "
+            "text before it, such as '.\\n') except: "
+            + "; ".join(parts) + ".", ""]
 
 
 def _seconds_per_word(rows: list[dict]) -> dict[tuple[str, str], float]:
@@ -415,6 +428,18 @@ def _gates(rows, per_ex, summary, table, tasks, singles, results: Path, figs: Pa
         out += ["Learned gates (REINFORCE from the final answer's reward; the choice sampled from the gated scores "
                 "while training, the lowest score at test time):", "", _markdown(gates), "",
                 save(fig, figs, "gate_learning_curve"), ""]
+    picks = []
+    for path in sorted(results.glob("gate/select-*.json")):
+        res = json.loads(path.read_text())
+        for row in res["rows"]:
+            picks.append({"family": res["family"], "gate": row["gate"], "NLL averaged per": row["normalize"],
+                          "steps": row["steps"], **{f"reward {t}": round(v, 4) for t, v in row["per_task"].items()},
+                          "mean reward": round(row["reward"], 4), "examples per task": res["per_task_examples"],
+                          "chosen": "✓" if row["gate"] == res["chosen"] else ""})
+    if picks:
+        out += ["Which gate a family ships: each candidate gate decodes the first training lines of every task of the "
+                "family greedily (as at test time, with the NLL averaging it was trained with); the higher mean reward "
+                "is shipped as `assets/gates/<family>.json` (`experiments/gate_select.py`):", "", _markdown(picks), ""]
     # the gate's weights per task, from the traces of the reported examples
     shares = []
     for t in tasks:
