@@ -4,6 +4,7 @@ from __future__ import annotations
 import html
 
 import gradio as gr
+import pandas as pd
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
 from adafuse.decoder import MAX_MODELS
@@ -111,6 +112,10 @@ def gate_choices() -> list[tuple[str, str]]:
         out.append((f"{path.stem}: {' + '.join(g.models)} · trained on {tasks}{per}", str(path)))
     return out
 
+
+# the evaluation tables' headers before a run (Gradio shows "1 2 3" for a table without columns)
+EVAL_SUMMARY_COLUMNS = ["task", "method", "n", "score", "sec/example"]
+DISAGREE_COLUMNS = ["line", "kind", "question", "adafuse", "gold"]
 
 NORMALIZE = {"per token (paper)": "token", "per word": "word"}
 
@@ -376,7 +381,7 @@ def build_demo() -> gr.Blocks:
                 others = gr.CheckboxGroup(list(COMPARE_METHODS), value=[], label="Also decode with (side by side)")
                 with gr.Accordion("Loaded models", open=True):
                     loaded_df = gr.Dataframe(loaded_frame([]), label="Loaded models", interactive=False,
-                                             elem_id="af-loaded")
+                                             elem_id="af-loaded", wrap=True)  # wrapped: every column in a narrow column
                     with gr.Row():
                         unload_pick = gr.Dropdown([], label="Loaded model", scale=2, elem_id="af-unload-pick")
                         unload_btn = gr.Button("Unload", size="sm", scale=1, elem_id="af-unload")
@@ -392,9 +397,10 @@ def build_demo() -> gr.Blocks:
                                                     label="Methods")
                 eval_btn = gr.Button("Run evaluation", elem_id="af-eval-run")
                 eval_status = gr.Markdown("", elem_id="af-eval-status")
-                eval_summary = gr.Dataframe(label="Summary", elem_id="af-eval-summary", wrap=True)
-                eval_diff = gr.Dataframe(label="Where the ensemble and a single model disagree", wrap=True,
-                                         elem_id="af-eval-diff")
+                eval_summary = gr.Dataframe(pd.DataFrame(columns=EVAL_SUMMARY_COLUMNS), label="Summary",
+                                            elem_id="af-eval-summary", wrap=True)
+                eval_diff = gr.Dataframe(pd.DataFrame(columns=DISAGREE_COLUMNS), wrap=True, elem_id="af-eval-diff",
+                                         label="Where the ensemble and a single model disagree")
                 with gr.Row():
                     open_line = gr.Number(label="Example (line)", precision=0)
                     open_method = gr.Dropdown([], label="Method", allow_custom_value=True)
@@ -587,7 +593,6 @@ def build_demo() -> gr.Blocks:
         @gpu(duration=600)
         def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v,
                     progress=gr.Progress(track_tqdm=True)):
-            import pandas as pd
             from adafuse.harness.evaluate import summarize
             ex = ex or Explorer()
             ex.trust_remote_code = bool(allow)
@@ -597,7 +602,9 @@ def build_demo() -> gr.Blocks:
                 diff = disagreements(rows)
                 labels = sorted({r["method"] for r in rows})
                 return (ex, f"✓ {len(rows)} runs on {task_name}; {len(diff)} disagreement(s)",
-                        pd.DataFrame(summarize(rows)), pd.DataFrame(diff or [{"line": None}]),
+                        pd.DataFrame(summarize(rows)),
+                        pd.DataFrame(diff) if diff else pd.DataFrame([{"line": "", "kind": "none: the ensemble and "
+                                                                       "every single model agree on each example"}]),
                         gr.update(choices=labels, value="adafuse" if "adafuse" in labels else labels[0]),
                         diff[0]["line"] if diff else (rows[0]["line"] if rows else None))
             except Exception as exc:  # noqa: BLE001
