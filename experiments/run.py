@@ -88,9 +88,17 @@ def jobs(n_qa: int, n_gsm: int, n_mt: int) -> list[tuple[str, int, list[str], li
     return out
 
 
+def label(spec: str) -> str:
+    """The label a method spec's rows carry: LABEL of `LABEL=SPEC`, else the spec (`adafuse[weights=1/9]`)."""
+    eq, br = spec.find("="), spec.find("[")
+    return spec[:eq] if eq > 0 and (br < 0 or eq < br) else spec
+
+
 def drop(out: Path, methods: set[str], tasks: set[str]) -> None:
-    """Remove the rows of `methods` from OUT/<task>.jsonl for `tasks`, so they are decoded again with the current code."""
-    for path in sorted(out.glob("*.jsonl")):
+    """Remove the rows of `methods` from OUT/<task>.jsonl for `tasks`, so they are decoded again with the current code;
+    also from the worker folders OUT.wN, whose rows the merge would otherwise bring back."""
+    folders = [out] + sorted(out.parent.glob(f"{out.name}.w*"))
+    for path in sorted(p for f in folders for p in f.glob("*.jsonl")):
         if path.stem not in tasks:
             continue
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -178,7 +186,7 @@ def main() -> None:
         todo: queue.Queue = queue.Queue()
         for task, limit, methods, extra in jobs(args.n_qa, args.n_gsm, args.n_mt):
             chosen = set(args.redo) | set(args.only)
-            methods = [m for m in methods if not chosen or m in chosen]
+            methods = [m for m in methods if not chosen or label(m) in chosen]
             if methods and task in args.tasks:
                 todo.put((task, limit, methods, extra))
         args.out.mkdir(parents=True, exist_ok=True)

@@ -125,6 +125,15 @@ def test_experiment_workers_merge_without_duplicates(tmp_path):
     run.merge(out)
     keys = [(r["line"], r["method"]) for r in map(json.loads, (out / "nq.jsonl").read_text().splitlines())]
     assert keys == [(1, "adafuse"), (2, "adafuse"), (2, "beam")]
+    # a redo drops the method's rows everywhere, worker folders included: the merge must not bring old ones back
+    run.drop(out, {"beam"}, {"nq"})
+    run.merge(out)
+    keys = [(r["line"], r["method"]) for r in map(json.loads, (out / "nq.jsonl").read_text().splitlines())]
+    assert keys == [(1, "adafuse"), (2, "adafuse")]
+    # redo and --only name methods by the label their rows carry
+    assert run.label("adafuse+gate=adafuse[gate=g.json,normalize=word]") == "adafuse+gate"
+    assert run.label("adafuse[weights=1/9]") == "adafuse[weights=1/9]" and run.label("beam") == "beam"
+    assert "adafuse+gate" in {run.label(m) for _, _, ms, _ in run.jobs(1, 1, 1) for m in ms}
 
 
 def test_eval_cli_writes_incrementally_and_resumes(tmp_path):
