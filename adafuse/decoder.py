@@ -145,7 +145,8 @@ class Decoding:
             proposals, mode, margins = done[m]
             indices = []
             for p in proposals:
-                key = self._ending(p.text, p.eos)
+                head, eos, at_stop = self._ending_at(p.text, p.eos)
+                key = (head, eos)
                 if key[0] == "" and not key[1]:
                     continue
                 if key not in keys:
@@ -153,7 +154,7 @@ class Decoding:
                     proposers.append([])
                     words.append(p.words if key[0] == p.text else count_words(key[0]))
                 i = keys[key]
-                if key[1] and self._ended_by_stop(m, p):
+                if eos and (at_stop or self._ends_with_stop_token(m, p)):
                     self._cut_by_stop.add(i)
                 if name not in proposers[i]:
                     proposers[i].append(name)
@@ -241,32 +242,34 @@ class Decoding:
         """Per model, the weight of its NLL in the fused score (`DecodeConfig.weights`); empty: all equal."""
         return dict(zip(self.names, self.config.weights)) if self.config.weights else {}
 
-    def _ended_by_stop(self, m: int, p: Proposal) -> bool:
-        """Whether proposal `p` of model `m` ended at one of the decode's stop strings (written out in its text, or
-        a token that starts one) rather than at an end token: the stop reason the trace gives if it wins."""
+    def _ends_with_stop_token(self, m: int, p: Proposal) -> bool:
+        """Whether proposal `p` of model `m` ended on a token that starts one of the decode's stop strings (one of
+        its end tokens, but not an EOS): the trace then names the stop string as what ended the answer."""
         stops = tuple(self.config.stop)
-        if not stops:
-            return False
-        if find_stop(self.trace.output + p.text, stops, max(0, len(self.trace.output) - 1)) is not None:
-            return True
-        return p.eos and bool(p.tokens) and self.sessions[m].vocab_texts()[p.tokens[-1]].startswith(stops)
+        return bool(stops and p.eos and p.tokens) and self.sessions[m].vocab_texts()[p.tokens[-1]].startswith(stops)
 
     def _ending(self, text: str, eos: bool) -> tuple[str, bool]:
         """A span holding a stop string or an end-token string (possibly begun in the committed text) is cut before it
         and ends the answer: (text before it, True). Text past the end is never scored."""
+        return self._ending_at(text, eos)[:2]
+
+    def _ending_at(self, text: str, eos: bool) -> tuple[str, bool, bool]:
+        """`_ending`, and whether one of the decode's stop strings (not an end-token string) made the cut."""
         old = self.trace.output
         longest = max((len(x) for x in self.enders), default=0)
         cut = find_stop(old + text, self.enders, len(old) - longest + 1) if self.enders else None
+        at = []
         if cut is None or cut < len(old):  # a stop begun in committed text: commit cuts the rounds it began in
-            head, keep_space = text, False
+            head = text
         else:
             head, eos = text[: cut - len(old)], True
-            # whitespace before a stop string that does not begin with whitespace ("\n\n" before "Question") is
-            # part of how the answer ends: scored as that text and then the stop (scoring.py)
-            keep_space = any((old + text).startswith(x, cut) and not x[0].isspace() for x in self.config.stop)
-        if eos and not head.strip() and not keep_space:  # whitespace and then the end: the answer ends here, one event
+            at = [x for x in self.config.stop if (old + text).startswith(x, cut)]  # the stop strings found there
+        # whitespace before a stop string that does not begin with whitespace ("\n\n" before "Question") is part of
+        # how the answer ends: scored as that text and then the stop (scoring.py); else whitespace and then the end
+        # is the answer ending here, one event
+        if eos and not head.strip() and not any(not x[0].isspace() for x in at):
             head = ""
-        return head, eos
+        return head, eos, bool(at)
 
     def commit(self, choice: int | None = None) -> Round:
         """Append the winner (or candidate `choice`, marking the round overridden) and apply stop rules."""

@@ -74,8 +74,8 @@ def _join_stop_path(s: ModelView, logps, seqs, starts, i: int, a: int) -> None:
     path = va[lcp - starts[a]:]
     if not tail or not path or not all(math.isfinite(x) for x in path):
         return
-    total = torch.logaddexp(torch.tensor(sum(tail), dtype=torch.float64), torch.tensor(sum(path), dtype=torch.float64))
-    logps[i] = head + [float(total)]
+    hi, lo = sorted((sum(tail), sum(path)), reverse=True)
+    logps[i] = head + [hi + math.log1p(math.exp(lo - hi))]  # log(e^tail + e^path); the path is finite
     seqs[i] = real[:lcp] + [END]
 
 

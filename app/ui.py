@@ -486,7 +486,7 @@ def build_demo() -> gr.Blocks:
                                 f"({d.trace.seconds:.1f}s), {stop_note(d.trace)}", loaded=True)
             except Exception as exc:  # noqa: BLE001
                 ex.running = False
-                yield (ex.replaced_by, *render(ex.replaced_by, "↺ reset")) if ex.replaced_by else (ex, *_error(ex, exc))
+                yield shown(ex, "") if ex.replaced_by else (ex, *_error(ex, exc))
             finally:  # also when Reset closes this run
                 ex.running = False
 

@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from adafuse.decoder import AdaFuse  # noqa: E402
 from adafuse.gate import load_gate  # noqa: E402
-from adafuse.harness.gate_train import TRAIN_OFFSET, prompt_of, reward, task_config, training_examples  # noqa: E402
-from adafuse.harness.tasks import DEFAULT_DATA, TASKS  # noqa: E402
+from adafuse.harness.gate_train import TRAIN_OFFSET, decode_rewards, training_examples  # noqa: E402
+from adafuse.harness.tasks import DEFAULT_DATA  # noqa: E402
 from adafuse.loading import get_model  # noqa: E402
 
 
@@ -33,12 +32,8 @@ def main() -> None:
     exs = training_examples(tasks, DEFAULT_DATA, TRAIN_OFFSET, args.per_task)
     rows = []
     for path, g in zip(args.gates, gates):
-        t0, per = time.perf_counter(), {}
-        for name, _, ex in exs:
-            task = TASKS[name]
-            tr = AdaFuse(lms, task_config(task, gate=str(path), normalize=g.normalize)).generate(
-                prompt_of(task, DEFAULT_DATA, ex))
-            per.setdefault(name, []).append(reward(task, tr.output, ex["answer"]))
+        t0 = time.perf_counter()
+        per = decode_rewards(lms, exs, DEFAULT_DATA, gate=str(path), normalize=g.normalize)
         per_task = {k: sum(v) / len(v) for k, v in per.items()}
         rows.append({"gate": str(path), "normalize": g.normalize, "steps": len(g.trained.get("curve", [])),
                      "per_task": per_task, "reward": sum(per_task.values()) / len(per_task),

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adafuse.gate import load_gate  # noqa: E402
 from adafuse.harness.evaluate import done_keys, write_summary  # noqa: E402
 
 MAIN = ["adafuse", "greedy", "beam", "fixed-span-1", "fixed-span-2", "fixed-span-3", "token-union", "mixture"]
@@ -52,7 +53,7 @@ def weighted(task: str) -> list[str]:
         out.append(f"adafuse+weights=adafuse[weights={'/'.join(f'{w:g}' for w in best)}]")
     gate = ROOT / "assets" / "gates" / f"{fam}.json"
     if gate.exists():
-        norm = json.loads(gate.read_text()).get("trained", {}).get("normalize", "token")  # decoded as it learned
+        norm = load_gate(gate).normalize  # decoded with the NLL averaging it learned with
         out.append(f"adafuse+gate=adafuse[gate={gate.relative_to(ROOT)}"
                    + (f",normalize={norm}]" if norm != "token" else "]"))
     # the static weights with each candidate's NLL averaged per token or per word, whichever scored better on the

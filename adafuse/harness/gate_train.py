@@ -77,6 +77,16 @@ def prompt_of(task: Task, data: Path, ex: dict) -> str:
     return task.prompt(_head(data / task.folder / task.prompt_file), ex["question"])
 
 
+def decode_rewards(lms, exs: list[tuple[str, int, dict]], data: Path, **settings) -> dict[str, list[float]]:
+    """Per task, the reward of each example decoded greedily with these settings (as at test time)."""
+    per: dict[str, list[float]] = {}
+    for name, _, ex in exs:
+        task = TASKS[name]
+        tr = AdaFuse(lms, task_config(task, **settings)).generate(prompt_of(task, data, ex))
+        per.setdefault(name, []).append(reward(task, tr.output, ex["answer"]))
+    return per
+
+
 def search(models: list[str], tasks: list[str], grid: list[tuple[float, ...]], data: Path, offset: int,
            per_task: int, log=print, normalize: str = "token") -> dict:
     """Mean reward of each static weighting on the training examples; the best one first."""
@@ -84,14 +94,9 @@ def search(models: list[str], tasks: list[str], grid: list[tuple[float, ...]], d
     exs = training_examples(tasks, data, offset, per_task)
     rows = []
     for w in grid:
-        t0, total, per = time.perf_counter(), 0.0, {}
-        for name, _, ex in exs:
-            task = TASKS[name]
-            tr = AdaFuse(lms, task_config(task, weights=w, normalize=normalize)).generate(prompt_of(task, data, ex))
-            r = reward(task, tr.output, ex["answer"])
-            total += r
-            per.setdefault(name, []).append(r)
-        row = {"weights": list(w), "reward": total / len(exs),
+        t0 = time.perf_counter()
+        per = decode_rewards(lms, exs, data, weights=w, normalize=normalize)
+        row = {"weights": list(w), "reward": sum(map(sum, per.values())) / len(exs),
                "per_task": {k: sum(v) / len(v) for k, v in per.items()}, "seconds": time.perf_counter() - t0}
         log(f"weights {w}: mean reward {row['reward']:.4f} over {len(exs)} examples ({row['seconds']:.0f}s)")
         rows.append(row)

@@ -513,7 +513,7 @@ JUDGE = {"adafuse+judge": "per token", "adafuse+judge+word": "per word"}
 
 
 def _judge(per_ex, summary, tasks, best: str, obs: list[str]) -> list[str]:
-    """The ceiling of any weighting: AdaFuse with the better member as the only judge (the other model's weight 0; it
+    """One end of the weighting range: AdaFuse with the better member as the only judge (the other model's weight 0; it
     still proposes), against that member's greedy decode, on the tasks where both ran."""
     rows = []
     for t in tasks:
