@@ -45,8 +45,9 @@ def decode(prompt: str, models: list[str] | str = ",".join(DEFAULT_PAIR), tau: f
                            stop=_stops(stop), system=system, thinking=thinking)
         lms = [get_model(n) for n in _model_names(models)]
         trace = AdaFuse(lms, cfg).generate(prompt)
-    except AdafuseError as exc:  # the client sees the message (gradio_client raises AppError with it)
-        raise gr.Error(str(exc), title=type(exc).__name__) from exc
+    except AdafuseError as exc:  # the client sees the message (gradio_client raises AppError with it); the server
+        # log stays free of tracebacks for a caller's mistake
+        raise gr.Error(str(exc), title=type(exc).__name__, print_exception=False) from exc
     return {"output": trace.output, "words": trace.words, "rounds": len(trace.rounds),
             "stop_reason": trace.stop_reason, "trace": trace.to_dict()}
 
