@@ -64,10 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     workers = run.add_mutually_exclusive_group()
     workers.add_argument("--parallel", dest="parallel", action="store_true", default=None,
-                         help="run the models side by side, one worker each (default when a model is on a GPU or "
-                              "a server)")
+                         help="run the models side by side, one worker each (default when each model has a GPU or "
+                              "a server of its own, or when a short probe measures it faster on this machine's CPU)")
     workers.add_argument("--sequential", dest="parallel", action="store_false",
-                         help="run the models one after another (default when every model is on the CPU)")
+                         help="run the models one after another (default on one shared GPU, and on a CPU where "
+                              "the probe measures it faster)")
     run.add_argument("--debug", action="store_true", help="show full stack traces on errors")
 
     sub.add_parser("gate", help="learn per-model weights from answers: gate train / gate search (see "

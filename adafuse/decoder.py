@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Iterator, Sequence
@@ -73,6 +74,8 @@ class Decoding:
         self._cut_by_stop: set[int] = set()  # this round's candidates a proposal ended by holding a stop string
         self._costs: dict[int, int] = {}
         self._guesses: tuple[tuple | None, list[str]] = (None, [])  # prompt lookup of the current round
+        self._behind: dict[int, Future] = {}  # idle models' catch-ups running in the background (lazy methods)
+        self._charged = [_snapshot(s) for s in self.sessions]  # cost counters as last charged to a round
         self.done = False
         self.method.start(self)
 
@@ -84,13 +87,12 @@ class Decoding:
         if self.pending is not None:
             return self.pending
         t0 = time.perf_counter()
-        before = [_snapshot(s) for s in self.sessions]
         with self._fatal():
             decided = self.method.round(self)
             if decided is None:
                 decided = self._pool_round()
         steps, candidates = decided
-        _charge(steps, self.sessions, before)
+        self._charge(steps)
         winner = min(range(len(candidates)), key=lambda i: (candidates[i].fused is None, candidates[i].fused or 0.0, i))
         weights, feats = self._gated if self._gated is not None else (self.weights() if self.method.scores else {}, {})
         self._gated = None
@@ -106,11 +108,17 @@ class Decoding:
         budget = max(1, cfg.max_new_words - self.trace.words)
         acting = set(self.method.acting(self))
         output = self.trace.output
-        # a lazy method's idle models catch up beside the acting ones when the models run side by side (free in wall
-        # time); one after another they catch up only when next drawn (one forward over every word they missed)
+        # a lazy method's idle models catch up in the background when the models run side by side: the round does not
+        # wait for them, and a model drawn later finishes its catch-up first; one after another they catch up only
+        # when next drawn (one forward over every word they missed)
         side_by_side = self.workers.enabled and self.workers.parallel
-        catch_up = {m for m in self.method.drawn(self)
-                    if side_by_side and m not in acting and self.sessions[m].text != output}
+        for m in acting:
+            behind = self._behind.pop(m, None)
+            if behind is not None:
+                behind.result()  # done, or waited for (its error, if any, is this round's)
+        for m in self.method.drawn(self):
+            if side_by_side and m not in acting and self.sessions[m].text != output:
+                self._catch_up_later(m, output)
 
         gate = self.gate()
         entropies: dict[int, float] = {}
@@ -127,7 +135,7 @@ class Decoding:
             self._proposed[m] = [p.text for p in proposed[0] if p.text.strip()]
             return proposed
 
-        moving = sorted(acting | catch_up)
+        moving = sorted(acting)
         self._proposed = {}
         if cfg.speculate and not side_by_side:  # the cheapest model first: its span is the others' draft
             moving.sort(key=lambda m: (self._cost(m), m))
@@ -307,19 +315,21 @@ class Decoding:
                           for c in [r.candidates[st.proposals[0]]]
                           if r.text and len(c.text) > len(r.text) and c.text.startswith(r.text)}
         if stop is None:
-            before = [_snapshot(s) for s in self.sessions]
             # a lazy method moves only the models that acted; the others catch up in a later round's first phase
             moving = [m for m, st in enumerate(r.steps) if not self.method.lazy or st.mode != "idle"]
             with self._fatal():
                 self.workers.map(lambda m: self.sessions[m].commit(new), moving)
             current = [self.sessions[m] for m in moving]
-            _charge(r.steps, self.sessions, before)
+            self._charge(r.steps)
             if max(len(s.ids) - s.prompt_tokens for s in current) >= cfg.max_new_tokens:
                 stop = "max_new_tokens"
             elif any(s.lm.max_positions and len(s.ids) + cfg.max_word_tokens * cfg.max_words >= s.lm.max_positions
                      for s in current):
                 stop = "context full"
         r.stop = stop
+        if stop:  # catch-ups still running in the background finish and are charged to this last round
+            self._settle_behind()
+            self._charge(r.steps)
         r.seconds += time.perf_counter() - t0
         self.trace.rounds.append(r)
         self.trace.output = new
@@ -332,6 +342,35 @@ class Decoding:
             self.trace.stop_reason = stop
             self.workers.close()
         return r
+
+    def _catch_up_later(self, m: int, output: str) -> None:
+        """Start model m's catch-up to `output` on its worker unless one is still running (the next takes the rest)."""
+        behind = self._behind.get(m)
+        if behind is not None:
+            if not behind.done():
+                return
+            behind.result()  # a catch-up that failed ends the decode here
+        future = self.workers.submit(m, lambda i, text=output: self.sessions[i].commit(text))
+        if future is not None:
+            self._behind[m] = future
+
+    def _settle_behind(self) -> None:
+        """Wait for the background catch-ups; the decode is over, so what they raise no longer matters."""
+        behind, self._behind = self._behind, {}
+        for future in behind.values():
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 - the model is not used again
+                pass
+
+    def _charge(self, steps: list[ModelStep]) -> None:
+        """Add each model's forward passes, tokens fed, seconds and speculation counts since they were last charged
+        to its step (the one place costs are counted): work done between rounds, such as a catch-up in the
+        background, goes to the next round charged."""
+        for i, (step, s) in enumerate(zip(steps, self.sessions)):
+            now = _snapshot(s)
+            _add(step, now, self._charged[i])
+            self._charged[i] = now
 
     @contextmanager
     def _fatal(self):
@@ -385,6 +424,7 @@ class Decoding:
         if not self.done:
             self.done = True
             self.trace.stop_reason = "cancelled"
+            self._settle_behind()
             self.workers.close()
 
     def __iter__(self) -> Iterator[Round]:
@@ -420,17 +460,14 @@ def _snapshot(s: ModelView) -> tuple:
     return (*s.stats(), *(getattr(s, key) for key in SPEC_COUNTERS))
 
 
-def _charge(steps: list[ModelStep], sessions: Sequence[ModelView], before: list[tuple]) -> None:
-    """Add each model's forward passes, tokens fed, seconds and speculation counts since `before` (a `_snapshot`) to
-    its step (the one place costs are counted)."""
-    for step, s, b in zip(steps, sessions, before):
-        now = _snapshot(s)
-        step.forward_passes += now[0] - b[0]
-        step.tokens_fed += now[1] - b[1]
-        step.seconds += now[2] - b[2]
-        step.cached_tokens += now[3] - b[3]
-        for i, key in enumerate(SPEC_COUNTERS):
-            setattr(step, key, getattr(step, key) + now[4 + i] - b[4 + i])
+def _add(step: ModelStep, now: tuple, before: tuple) -> None:
+    """Add the counters' growth from `before` to `now` (`_snapshot`s) to the step."""
+    step.forward_passes += now[0] - before[0]
+    step.tokens_fed += now[1] - before[1]
+    step.seconds += now[2] - before[2]
+    step.cached_tokens += now[3] - before[3]
+    for i, key in enumerate(SPEC_COUNTERS):
+        setattr(step, key, getattr(step, key) + now[4 + i] - before[4 + i])
 
 
 def _validate(models: Sequence[LoadedModel], config: DecodeConfig, prompt) -> None:

@@ -9,7 +9,8 @@ trace as a sequential one.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Sequence, TypeVar
 
 import torch
@@ -21,6 +22,51 @@ def cpu_threads_per_model(count: int) -> int:
     """Torch threads for each of `count` models decoding side by side on CPU: the cores shared out, at least one."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // max(1, count))
+
+
+# Side by side beats one after another on this machine's CPU by at least this factor, or models take turns.
+SIDE_BY_SIDE_GAIN = 0.85
+_MEASURED: dict[tuple, tuple[float, float]] = {}  # CPU models (by identity), threads each -> (one after another s,
+                                                  # side by side s) of the probe
+
+
+def _probe(lm) -> None:
+    """The shape of a round's work, briefly: a short batch forward (as scoring makes) and single-token steps (as a
+    greedy span makes) on a fresh cache."""
+    model = lm.model
+    with torch.inference_mode():
+        out = model(input_ids=torch.arange(100, 124, device=lm.device)[None], use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        for t in range(4):
+            model(input_ids=torch.tensor([[200 + t]], device=lm.device), past_key_values=cache, use_cache=True,
+                  logits_to_keep=1)
+
+
+def measure_cpu_side_by_side(models: Sequence, threads_each: int, repeats: int = 2) -> tuple[float, float]:
+    """Seconds of the probe for every model one after another (each with this thread's torch threads) and side by
+    side (one worker each, `threads_each` threads): the best of `repeats`, measured once per process for a set of
+    loaded models. Whether two threads speed one model up depends on the machine (on one 2-core machine 1.65×, on
+    another not at all), so the default asks the machine rather than guessing."""
+    key = (tuple(id(m) for m in models), threads_each, torch.get_num_threads())
+    if key not in _MEASURED:
+        seq = par = float("inf")
+        with ThreadPoolExecutor(len(models), initializer=torch.set_num_threads, initargs=(threads_each,)) as pool:
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for m in models:
+                    _probe(m)
+                seq = min(seq, time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                list(pool.map(_probe, models))
+                par = min(par, time.perf_counter() - t0)
+        _MEASURED[key] = (seq, par)
+    return _MEASURED[key]
+
+
+def _measurable(model) -> bool:
+    """A transformers model the probe can run (toy and served models are not measured)."""
+    from transformers import PreTrainedModel
+    return isinstance(getattr(model, "model", None), PreTrainedModel)
 
 
 def _served(model) -> bool:
@@ -40,9 +86,11 @@ class Workers:
     False) one after another in the caller's thread; with the same torch thread budget the two ways give the same
     numbers bit for bit. A single model runs in the caller's thread. `parallel` None: side by side when every model
     computes in a place of its own (its own GPU, its own server, or the only one on this machine's CPU); models that
-    share a place go one after another, which measured faster: on 2 CPU cores a model runs 1.65× faster on two threads
-    than on one, and two 8B models on one H200 took 1.2–1.8× longer per word side by side than one after another
-    (README, GPU check)."""
+    share one GPU go one after another (two 8B models on one H200 took 1.2–1.8× longer per word side by side: README,
+    GPU check); models that share this machine's CPU go side by side when a short probe measures it faster by
+    `SIDE_BY_SIDE_GAIN` (`measure_cpu_side_by_side`: on one 2-core machine a model ran 1.65× faster on two threads than
+    on one, so taking turns won; on another, two threads were no faster than one and side by side took 0.7× the
+    time)."""
 
     def __init__(self, models: Sequence, parallel: bool | None = None, threads: int | None = None):
         groups: dict[int, int] = {}
@@ -50,8 +98,23 @@ class Workers:
         self.devices = [m.device for m in models]
         # models computing on this machine's CPU share its cores; GPUs and servers compute elsewhere
         cpu = {self.group[i] for i, m in enumerate(models) if self.devices[i].type == "cpu" and not _served(m)}
-        if parallel is None:  # side by side only where each model computes in a place of its own
-            parallel = len({_place(m, self.devices[i]) for i, m in enumerate(models)}) == len(groups)
+        self.measured: tuple[float, float] | None = None
+        if parallel is None:  # side by side where each model computes in a place of its own
+            places = [_place(m, self.devices[i]) for i, m in enumerate(models)]
+            parallel = len(set(places)) == len(groups)
+            shared = {p for p in places if places.count(p) > 1}
+            if not parallel and shared == {"cpu"} and len(cpu) > 1 and not threads:  # ... or where the CPU says so
+                firsts: dict[int, object] = {}  # one loaded model per CPU worker
+                for i, m in enumerate(models):
+                    if self.group[i] in cpu:
+                        firsts.setdefault(self.group[i], m)
+                if all(_measurable(m) for m in firsts.values()):
+                    try:
+                        self.measured = measure_cpu_side_by_side(list(firsts.values()),
+                                                                 cpu_threads_per_model(len(cpu)))
+                        parallel = self.measured[1] <= SIDE_BY_SIDE_GAIN * self.measured[0]
+                    except Exception:  # noqa: BLE001 - a model the probe cannot run: take turns, as before
+                        parallel = False
         self.parallel = bool(parallel)
         self.enabled = len(groups) > 1
         self.given = threads  # one after another, the caller's thread runs the models: its budget, unless given
@@ -66,9 +129,12 @@ class Workers:
         if not self.enabled:
             return "one model"
         cpu = any(d.type == "cpu" for d in self.devices)
+        measured = f"; measured side by side {self.measured[1] / self.measured[0]:.2f}× one after another" \
+            if self.measured else ""
         if not self.parallel:
-            return "sequential" + (f" ({self.given if self.given else torch.get_num_threads()} CPU threads)" if cpu else "")
-        return f"parallel ({len(self.pool)} workers" + (f", {self.threads} CPU thread(s) each)" if cpu else ")")
+            return "sequential" + (f" ({self.given if self.given else torch.get_num_threads()} CPU threads{measured})"
+                                   if cpu else "")
+        return f"parallel ({len(self.pool)} workers" + (f", {self.threads} CPU thread(s) each{measured})" if cpu else ")")
 
     def _init(self) -> None:
         if any(d.type == "cpu" for d in self.devices):
@@ -116,6 +182,13 @@ class Workers:
         if error is not None:
             raise error
         return [done[i] for i in indices]
+
+    def submit(self, i: int, fn: Callable[[int], T]) -> Future | None:
+        """Start `fn(i)` on model i's worker and return at once; None when the models do not run side by side. A
+        worker runs what it is given in order, so a later `map` over model i starts once this call has finished."""
+        if not (self.enabled and self.parallel):
+            return None
+        return self.pool[self.group[i]].submit(self._run, fn, [i])
 
     def close(self) -> None:
         for p in self.pool:

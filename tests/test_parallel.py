@@ -139,7 +139,7 @@ def test_the_default_puts_models_side_by_side_only_in_places_of_their_own():
     class OnGPU1:
         device = torch.device("cuda", 1)
 
-    assert not Workers([FakeModel(), FakeModel()]).parallel  # both need every core of this machine
+    assert not Workers([FakeModel(), FakeModel()]).parallel  # they share this machine's CPU and cannot be measured
     assert not Workers([OnGPU(), OnGPU()]).parallel  # one shared GPU: measured slower side by side (README)
     mixed = Workers([FakeModel(), OnGPU()])
     assert mixed.parallel and mixed.threads == max(1, len(__import__("os").sched_getaffinity(0)))
@@ -148,3 +148,48 @@ def test_the_default_puts_models_side_by_side_only_in_places_of_their_own():
     assert two_gpus.parallel
     two_gpus.close()
     assert not Workers([OnGPU(), OnGPU1(), FakeModel(), FakeModel()]).parallel  # two share the CPU
+
+
+def test_models_sharing_the_cpu_go_side_by_side_when_the_machine_measures_it_faster(pair, monkeypatch):
+    import adafuse.parallel as par
+    seq, side = par.measure_cpu_side_by_side(pair, 1)  # the probe on the real pair: a few forwards
+    assert seq > 0 and side > 0
+    assert par.measure_cpu_side_by_side(pair, 1) == (seq, side)  # measured once per process
+    for measured, chosen in (((1.0, 0.6), True), ((1.0, 0.95), False)):
+        monkeypatch.setattr(par, "measure_cpu_side_by_side", lambda models, threads, m=measured: m)
+        w = Workers(pair)
+        assert w.parallel is chosen and w.measured == measured
+        assert f"measured side by side {measured[1]:.2f}× one after another" in w.describe()
+        assert w.describe().startswith("parallel" if chosen else "sequential")
+        w.close()
+    # an explicit choice, or a thread budget, is not second-guessed
+    assert Workers(pair, parallel=False).measured is None and not Workers(pair, threads=1).parallel
+
+
+def test_side_by_side_the_mixture_does_not_wait_for_an_idle_model_catching_up():
+    from tests.test_decoder_toy import pair as toy_pair
+    a, b = toy_pair()
+    hold, released, waited = [False], threading.Event(), []
+    forward = b.model.forward
+
+    def slow_forward(*args, **kw):  # b's catch-ups wait for the test (its prefill does not)
+        if hold[0]:
+            waited.append(threading.current_thread().name)
+            assert released.wait(10)
+        return forward(*args, **kw)
+
+    b.model.forward = slow_forward
+    # a writes every word (b's weight is tiny), b may be drawn, so it catches up after every round
+    d = AdaFuse([a, b], DecodeConfig(method="mixture", weights=(1, 1e-9), temperature=0), parallel=True).start("Q")
+    hold[0] = True
+    texts = [d.commit().text for _ in range(2)]  # the second round goes on while b's first catch-up is held
+    assert texts == [" Paris", " is"] and waited and not released.is_set() and not d.done
+    assert waited[0].startswith("adafuse-model1")  # b's own worker, not the decoding thread
+    released.set()
+    for _ in d:
+        pass
+    assert d.trace.output == " Paris is nice." and d.trace.stop_reason == "eos"
+    assert d.trace.output.startswith(d.sessions[1].text) and d.sessions[1].text  # b caught up as far as it got
+    # every forward b made while catching up in the background is charged to some round
+    charged = sum(s.forward_passes for r in d.trace.rounds for s in r.steps if s.model == "b")
+    assert charged == d.sessions[1].forward_passes - d.trace.prefill["b"]["forward_passes"] > 0
