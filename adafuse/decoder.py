@@ -116,8 +116,9 @@ class Decoding:
             behind = self._behind.pop(m, None)
             if behind is not None:
                 behind.result()  # done, or waited for (its error, if any, is this round's)
-        for m in self.method.drawn(self):
-            if side_by_side and m not in acting and self.sessions[m].text != output:
+        reading = getattr(self, "next_writer", None)  # the mixture's next writer reads this round's word as it is
+        for m in self.method.drawn(self):           # written (Mixture.propose): no catch-up of its own now
+            if side_by_side and m not in acting and m != reading and self.sessions[m].text != output:
                 self._catch_up_later(m, output)
 
         gate = self.gate()

@@ -113,23 +113,37 @@ class Greedy(Method):
 class Mixture(Method):
     """Word-level mixture of experts (ME): each round one model, drawn with `weights` and `seed`, writes the next word
     by sampling at `temperature` (0: greedily). No other model proposes or scores; the others catch up with one
-    forward over the accumulated text when they are next drawn (side by side: every round, beside the writer)."""
+    forward over the accumulated text when they are next drawn. Side by side they catch up in the background, and the
+    next round's writer (drawn a round ahead, from the same sequence of draws) reads the word being written while its
+    writer checks whether the word goes on, so a change of writer costs no forward on the critical path when the word
+    ends where it was read."""
     scores = False
     lazy = True
 
     def start(self, d):
         d.rng = random.Random(d.config.seed)
         d.generator = torch.Generator().manual_seed(d.config.seed)
+        d.next_writer = None
+
+    def _draw(self, d) -> int:
+        return d.rng.choices(range(len(d.sessions)), weights=d.config.weights or None)[0]
 
     def acting(self, d):
-        return [d.rng.choices(range(len(d.sessions)), weights=d.config.weights or None)[0]]
+        m = self._draw(d) if d.next_writer is None else d.next_writer
+        d.next_writer = self._draw(d)  # the next round's writer: the same draws in the same order, one round early
+        return [m]
 
     def drawn(self, d):
         return [m for m in range(len(d.sessions)) if not d.config.weights or d.config.weights[m] > 0]
 
     def propose(self, d, s, budget):
         cfg = d.config
-        return [sample_word(s, cfg.temperature, d.generator, cfg.max_word_tokens)], "write", [margin(s.next_logprobs)]
+        ahead, nxt = None, d.next_writer
+        if d.workers.enabled and d.workers.parallel and d.sessions[nxt] is not s:
+            output = d.trace.output
+            ahead = lambda text: d._catch_up_later(nxt, output + text)  # noqa: E731
+        return [sample_word(s, cfg.temperature, d.generator, cfg.max_word_tokens, ahead)], "write", \
+            [margin(s.next_logprobs)]
 
 
 class TokenUnion(Method):

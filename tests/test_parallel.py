@@ -193,3 +193,43 @@ def test_side_by_side_the_mixture_does_not_wait_for_an_idle_model_catching_up():
     # every forward b made while catching up in the background is charged to some round
     charged = sum(s.forward_passes for r in d.trace.rounds for s in r.steps if s.model == "b")
     assert charged == d.sessions[1].forward_passes - d.trace.prefill["b"]["forward_passes"] > 0
+
+
+def test_side_by_side_the_next_writer_reads_the_word_while_its_writer_checks_that_it_ended():
+    from tests.test_decoder_toy import pair as toy_pair
+    a, b = toy_pair()
+    d = AdaFuse([a, b], DecodeConfig(method="mixture", temperature=0), parallel=True).start("Q")
+
+    class Draws:  # a writes round 0, b round 1, then a again
+        def __init__(self):
+            self.seq = [0, 1, 0, 0, 0, 0, 0, 0]
+
+        def choices(self, population, weights=None):
+            return [self.seq.pop(0)]
+
+    d.rng = Draws()
+    reading, overlapped = threading.Event(), []
+    b_commit, a_forward = d.sessions[1].commit, a.model.forward
+
+    def commit(text):  # b starts reading a's word
+        if text == " Paris":
+            reading.set()
+        return b_commit(text)
+
+    def forward(*args, **kw):  # a's forward after taking " Paris" finds b already reading it
+        if not overlapped:
+            overlapped.append(reading.wait(5))
+        return a_forward(*args, **kw)
+
+    d.sessions[1].commit, a.model.forward = commit, forward
+    r0 = d.commit()
+    assert r0.text == " Paris" and overlapped == [True]
+    r1 = d.propose()
+    assert r1.steps[1].mode == "write" and r1.steps[0].mode == "idle"
+    for _ in d:
+        pass
+    seq = AdaFuse(toy_pair(), DecodeConfig(method="mixture", temperature=0), parallel=False).start("Q")
+    seq.rng = Draws()
+    for _ in seq:
+        pass
+    assert d.trace.output == seq.trace.output and [r.text for r in d.trace.rounds] == [r.text for r in seq.trace.rounds]

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     for kw in (dict(parallel=False), dict(parallel=True)):
         for _ in AdaFuse(models, replace(work[0][2], max_new_words=8), tau=0.7, **kw).start(work[0][1]):
             pass
-    rows, quarters, peaks, selecting, speculating = [], {}, {}, [], []
+    rows, quarters, peaks, selecting, speculating, mixing = [], {}, {}, [], [], []
     sink = args.out.open("w") if args.out else None
     for task in ("triviaqa", "gsm8k"):
         items = [(prompt, cfg) for t, prompt, cfg in work if t == task]
@@ -121,6 +121,7 @@ def main(argv=None) -> int:
         for name, fn in runs:
             st = stats.setdefault(name, {"words": 0, "wall": 0.0, "decode": 0.0, "rounds": 0, "slower": 0.0,
                                          "sum": 0.0, "outputs": [], "spec": [0] * len(SPEC_COUNTERS),
+                                         "writers": {},
                                          **{m.name: [0, 0] for m in models}})
             for prompt, cfg in items:
                 t0 = time.perf_counter()
@@ -132,6 +133,10 @@ def main(argv=None) -> int:
                 st["slower"] += sum(max(x.seconds for x in r.steps) for r in tr.rounds)
                 st["sum"] += sum(sum(x.seconds for x in r.steps) for r in tr.rounds)
                 st["outputs"].append(tr.output)
+                for r in tr.rounds:  # the mixture: who wrote each word
+                    for x in r.steps:
+                        if x.mode == "write":
+                            st["writers"][x.model] = st["writers"].get(x.model, 0) + r.words
                 for i, key in enumerate(SPEC_COUNTERS):
                     st["spec"][i] += sum(getattr(x, key) for r in tr.rounds for x in r.steps)
                 for m in tr.models:
@@ -162,6 +167,14 @@ def main(argv=None) -> int:
             row["slower model ms"] = round(1000 * st["slower"] / rounds)
             row["models' sum ms"] = round(1000 * st["sum"] / rounds)
             rows.append(row)
+            alone = {m.name: stats[f"{m.name} alone"] for m in models if f"{m.name} alone" in stats}
+            if st["writers"] and len(alone) == len(models):  # against the writers' own speed, word by word
+                own = sum(n * alone[m]["decode"] / max(1, alone[m]["words"]) for m, n in st["writers"].items())
+                mixing.append({"task": task, "method": name,
+                               **{f"words by {m.name}": st["writers"].get(m.name, 0) for m in models},
+                               "s/word": round(per, 3), "writers alone s/word": round(own / max(1, st["words"]), 3),
+                               "÷ writers alone": round(per / (own / max(1, st["words"])), 2),
+                               "÷ mean single": row["÷ mean single"]})
             plain = stats.get(re.sub(r" speculative( spans-only)?", "", name)) if " speculative" in name else None
             if plain:
                 fwd = lambda x: sum(x[m.name][0] for m in models) / max(1, x["words"])  # noqa: E731
@@ -189,6 +202,12 @@ def main(argv=None) -> int:
         print("explored; '% of explore rounds': selection seconds over those rounds' wall seconds (target for")
         print("'embedding': at most 5 %):")
         print(format_table(selecting))
+    if mixing:
+        print("\nThe mixture (ME) against its writers: the words each model wrote, and what those words cost each writer")
+        print("alone ('writers alone s/word': every word at its writer's own greedy s/word); '÷ writers alone' is the")
+        print("mixture's own overhead (catching up on words another model wrote), '÷ mean single' the table's ratio,")
+        print("which also counts the luck of the draws (Gemma is the slower writer):")
+        print(format_table(mixing))
     if speculating:
         print("\nSpeculative proposals (issue 15): each confident model first verifies the spans the models before it")
         print("proposed this round, its own span left from the last round and, unless 'spans-only', what followed the")
