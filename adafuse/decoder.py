@@ -328,10 +328,9 @@ class Decoding:
                      for s in current):
                 stop = "context full"
         r.stop = stop
-        if stop:  # catch-ups still running in the background finish and are charged to this last round
-            self._settle_behind()
-            self._charge(r.steps)
         r.seconds += time.perf_counter() - t0
+        if stop:  # catch-ups still running in the background finish and are charged to this last round
+            self._settle_behind(r.steps)
         self.trace.rounds.append(r)
         self.trace.output = new
         if self._next_config is not None:  # settings changed while this round was pending: from the next one on
@@ -355,14 +354,19 @@ class Decoding:
         if future is not None:
             self._behind[m] = future
 
-    def _settle_behind(self) -> None:
-        """Wait for the background catch-ups; the decode is over, so what they raise no longer matters."""
+    def _settle_behind(self, steps: list[ModelStep] | None) -> None:
+        """The decode is over: cancel the background catch-ups not started, wait for the running ones (so nothing
+        touches a model of this decode afterwards) and charge their work to `steps` (the last round). What they
+        raise no longer matters: the model is not used again."""
         behind, self._behind = self._behind, {}
         for future in behind.values():
-            try:
-                future.result()
-            except Exception:  # noqa: BLE001 - the model is not used again
-                pass
+            if not future.cancel():
+                try:
+                    future.result()
+                except Exception:  # noqa: BLE001 - see above
+                    pass
+        if steps is not None:
+            self._charge(steps)
 
     def _charge(self, steps: list[ModelStep]) -> None:
         """Add each model's forward passes, tokens fed, seconds and speculation counts since they were last charged
@@ -382,6 +386,7 @@ class Decoding:
         except BaseException as exc:
             self.pending, self.done = None, True
             self.trace.stop_reason = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+            self._settle_behind(self.trace.rounds[-1].steps if self.trace.rounds else None)
             self.workers.close()
             raise
 
@@ -425,7 +430,7 @@ class Decoding:
         if not self.done:
             self.done = True
             self.trace.stop_reason = "cancelled"
-            self._settle_behind()
+            self._settle_behind(self.trace.rounds[-1].steps if self.trace.rounds else None)
             self.workers.close()
 
     def __iter__(self) -> Iterator[Round]:

@@ -75,9 +75,23 @@ class LoadedModel:
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
 
+    @property
+    def tokenizer_lock(self) -> threading.Lock:
+        """One thread at a time in the tokenizer: a fast tokenizer may refuse concurrent calls ("Already borrowed"),
+        and a model serves several decodes at once (the app's users, a mixture's catch-ups in the background)."""
+        return self.__dict__.get("_tokenizer_lock") or self.__dict__.setdefault("_tokenizer_lock", threading.Lock())
+
+    def tokenize(self, text: str, offsets: bool = False):
+        """Token ids of `text` without special tokens; with `offsets`, the encoding with its offset_mapping."""
+        with self.tokenizer_lock:
+            if offsets:
+                return self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            return self.tokenizer(text, add_special_tokens=False).input_ids
+
     def decode(self, ids: list[int]) -> str:
         """Token ids to text byte for byte: special tokens kept, no clean-up of spaces before punctuation."""
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        with self.tokenizer_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def vocab_texts(self) -> list[str]:
         """Every token's text as it reads after ordinary text (computed once, in one batch)."""

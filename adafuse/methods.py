@@ -6,6 +6,8 @@ when the method scores; `token-union` builds its whole round itself (`round`).
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import random
 from typing import TYPE_CHECKING
@@ -15,6 +17,7 @@ import torch
 from .candidates import Proposal, beam, explore, greedy_span, sample_word
 from .errors import ConfigError
 from .selection import NO_WEIGHTS
+from .session import LocalSession
 from .trace import Candidate, ModelStep
 from .view import ModelView
 from .words import count_words
@@ -123,15 +126,16 @@ class Mixture(Method):
     def start(self, d):
         d.rng = random.Random(d.config.seed)
         d.generator = torch.Generator().manual_seed(d.config.seed)
+        d.next_draw = None
         d.next_writer = None
 
-    def _draw(self, d) -> int:
-        return d.rng.choices(range(len(d.sessions)), weights=d.config.weights or None)[0]
-
     def acting(self, d):
-        m = self._draw(d) if d.next_writer is None else d.next_writer
-        d.next_writer = self._draw(d)  # the next round's writer: the same draws in the same order, one round early
-        return [m]
+        u = d.rng.random() if d.next_draw is None else d.next_draw
+        # the next round's number, drawn a round early (the same numbers in the same order); its writer is a guess
+        # made with today's weights, for reading ahead: the round itself uses the weights in force then
+        d.next_draw = d.rng.random()
+        d.next_writer = writer(d.next_draw, len(d.sessions), d.config.weights)
+        return [writer(u, len(d.sessions), d.config.weights)]
 
     def drawn(self, d):
         return [m for m in range(len(d.sessions)) if not d.config.weights or d.config.weights[m] > 0]
@@ -139,11 +143,24 @@ class Mixture(Method):
     def propose(self, d, s, budget):
         cfg = d.config
         ahead, nxt = None, d.next_writer
-        if d.workers.enabled and d.workers.parallel and d.sessions[nxt] is not s:
+        # a local model reads ahead (a served one would pay a request for each token read)
+        if d.workers.enabled and d.workers.parallel and d.sessions[nxt] is not s and \
+                isinstance(d.sessions[nxt], LocalSession):
             output = d.trace.output
-            ahead = lambda text: d._catch_up_later(nxt, output + text)  # noqa: E731
+
+            def ahead(text: str) -> None:
+                if not text.endswith("\ufffd"):  # not inside a character
+                    d._catch_up_later(nxt, output + text)
         return [sample_word(s, cfg.temperature, d.generator, cfg.max_word_tokens, ahead)], "write", \
             [margin(s.next_logprobs)]
+
+
+def writer(u: float, count: int, weights) -> int:
+    """The model `random.choices(range(count), weights)` draws when its one call to `random()` returns `u`."""
+    if not weights:
+        return math.floor(u * count)
+    cum = list(itertools.accumulate(weights))
+    return bisect.bisect(cum, u * cum[-1], 0, count - 1)
 
 
 class TokenUnion(Method):

@@ -49,7 +49,7 @@ def measure_cpu_side_by_side(models: Sequence, threads_each: int, repeats: int =
     another not at all), so the default asks the machine rather than guessing."""
     key = (tuple(id(m) for m in models), threads_each, torch.get_num_threads())
     if key not in _MEASURED:
-        seq = par = float("inf")
+        seq, par, mine = float("inf"), float("inf"), torch.get_num_threads()
         with ThreadPoolExecutor(len(models), initializer=torch.set_num_threads, initargs=(threads_each,)) as pool:
             for _ in range(repeats):
                 t0 = time.perf_counter()
@@ -59,6 +59,7 @@ def measure_cpu_side_by_side(models: Sequence, threads_each: int, repeats: int =
                 t0 = time.perf_counter()
                 list(pool.map(_probe, models))
                 par = min(par, time.perf_counter() - t0)
+        torch.set_num_threads(mine)  # the workers' setting also reaches process-wide defaults: put this one back
         _MEASURED[key] = (seq, par)
     return _MEASURED[key]
 

@@ -192,7 +192,7 @@ class TokenizedView(ModelView):
 
     # ---- tokenization ----
     def _tokenize(self, text: str) -> list[int]:
-        return self.lm.tokenizer(text, add_special_tokens=False).input_ids
+        return self.lm.tokenize(text)
 
     def _full(self, y: str) -> list[int]:
         ids = self._tokenize(self.prefix_text + y)
@@ -222,7 +222,7 @@ class TokenizedView(ModelView):
         starts = [i for i in word_starts(full_text) if i > self.anchor_char]
         if len(starts) >= 3:
             a = starts[-3]
-            enc = self.lm.tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
+            enc = self.lm.tokenize(full_text, offsets=True)
             shift = 1 if self.lm.add_bos else 0
             k = next((j for j, (lo, _) in enumerate(enc.offset_mapping) if lo >= a), None)
             full = ([self.lm.tokenizer.bos_token_id] if shift else []) + enc.input_ids

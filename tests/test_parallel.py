@@ -166,15 +166,17 @@ def test_models_sharing_the_cpu_go_side_by_side_when_the_machine_measures_it_fas
     assert Workers(pair, parallel=False).measured is None and not Workers(pair, threads=1).parallel
 
 
-def test_side_by_side_the_mixture_does_not_wait_for_an_idle_model_catching_up():
+@pytest.mark.parametrize("ending", ["finished", "cancelled"])
+def test_side_by_side_the_mixture_does_not_wait_for_an_idle_model_catching_up(ending):
     from tests.test_decoder_toy import pair as toy_pair
     a, b = toy_pair()
-    hold, released, waited = [False], threading.Event(), []
+    hold, entered, released, waited = [False], threading.Event(), threading.Event(), []
     forward = b.model.forward
 
     def slow_forward(*args, **kw):  # b's catch-ups wait for the test (its prefill does not)
         if hold[0]:
             waited.append(threading.current_thread().name)
+            entered.set()
             assert released.wait(10)
         return forward(*args, **kw)
 
@@ -183,16 +185,47 @@ def test_side_by_side_the_mixture_does_not_wait_for_an_idle_model_catching_up():
     d = AdaFuse([a, b], DecodeConfig(method="mixture", weights=(1, 1e-9), temperature=0), parallel=True).start("Q")
     hold[0] = True
     texts = [d.commit().text for _ in range(2)]  # the second round goes on while b's first catch-up is held
-    assert texts == [" Paris", " is"] and waited and not released.is_set() and not d.done
+    assert entered.wait(5) and texts == [" Paris", " is"] and not released.is_set() and not d.done
     assert waited[0].startswith("adafuse-model1")  # b's own worker, not the decoding thread
-    released.set()
-    for _ in d:
-        pass
-    assert d.trace.output == " Paris is nice." and d.trace.stop_reason == "eos"
+    if ending == "finished":
+        released.set()
+        for _ in d:
+            pass
+        assert d.trace.output == " Paris is nice." and d.trace.stop_reason == "eos"
+    else:  # cancelling waits for the running catch-up (nothing touches the model afterwards) and charges it
+        threading.Timer(0.2, released.set).start()
+        d.cancel()
+        assert d.trace.stop_reason == "cancelled" and released.is_set()
     assert d.trace.output.startswith(d.sessions[1].text) and d.sessions[1].text  # b caught up as far as it got
     # every forward b made while catching up in the background is charged to some round
     charged = sum(s.forward_passes for r in d.trace.rounds for s in r.steps if s.model == "b")
     assert charged == d.sessions[1].forward_passes - d.trace.prefill["b"]["forward_passes"] > 0
+
+
+def test_the_mixture_draws_as_random_choices_and_a_weight_change_counts_from_the_next_round():
+    import random
+    from dataclasses import replace
+    from adafuse.methods import writer
+    from tests.test_decoder_toy import pair as toy_pair
+    for seed in range(10):
+        for weights in ((), (1, 1), (0.2, 0.8), (1, 0), (0, 3, 1)):
+            n = len(weights) or 2
+            ours, theirs = random.Random(seed), random.Random(seed)
+            assert [writer(ours.random(), n, weights) for _ in range(40)] == \
+                [theirs.choices(range(n), weights=weights or None)[0] for _ in range(40)]
+    # a seed whose second draw picks b at equal weights; b is switched off after the first round
+    def second_draw(s):
+        r = random.Random(s)
+        r.random()
+        return r.random()
+    seed = next(s for s in range(100) if second_draw(s) >= 0.5)
+    for parallel in (False, True):
+        d = AdaFuse(toy_pair(), DecodeConfig(method="mixture", weights=(1, 1), seed=seed, temperature=0),
+                    parallel=parallel).start("Q")
+        d.commit()
+        d.reconfigure(replace(d.config, weights=(1, 0)))
+        later = list(d)
+        assert later and all(r.steps[1].mode == "idle" for r in later)
 
 
 def test_side_by_side_the_next_writer_reads_the_word_while_its_writer_checks_that_it_ended():
@@ -200,12 +233,12 @@ def test_side_by_side_the_next_writer_reads_the_word_while_its_writer_checks_tha
     a, b = toy_pair()
     d = AdaFuse([a, b], DecodeConfig(method="mixture", temperature=0), parallel=True).start("Q")
 
-    class Draws:  # a writes round 0, b round 1, then a again
+    class Draws:  # a writes round 0, b round 1, then a again (u < 0.5: a, at equal weights)
         def __init__(self):
-            self.seq = [0, 1, 0, 0, 0, 0, 0, 0]
+            self.seq = [0.1, 0.9, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]
 
-        def choices(self, population, weights=None):
-            return [self.seq.pop(0)]
+        def random(self):
+            return self.seq.pop(0)
 
     d.rng = Draws()
     reading, overlapped = threading.Event(), []
