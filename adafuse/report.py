@@ -34,11 +34,20 @@ def round_rows(trace: Trace) -> list[dict]:
 
 def cost_rows(trace: Trace) -> list[dict]:
     """Per model: forward passes, tokens fed, seconds (prefill included); with speculative proposals on, the draft
-    tokens verified, the tokens taken from them and the forwards saved."""
+    tokens verified, the tokens taken from them and the forwards saved; where it ran and how the models took turns
+    (side by side or one after another, and what the machine measured) when the trace says."""
     speculated = trace.settings.get("speculate") or any(s.draft_tokens for r in trace.rounds for s in r.steps)
-    return [{"model": m, **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in trace.cost(m).items()},
-             "prompt tokens": trace.prefill.get(m, {}).get("prompt_tokens"),
-             **(trace.speculation(m) if speculated else {})} for m in trace.models]
+    rows = []
+    for m in trace.models:
+        row = {"model": m, **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in trace.cost(m).items()},
+               "prompt tokens": trace.prefill.get(m, {}).get("prompt_tokens"),
+               **(trace.speculation(m) if speculated else {})}
+        if trace.devices:
+            row["device"] = trace.devices.get(m)
+        if trace.workers:
+            row["ran"] = trace.workers
+        rows.append(row)
+    return rows
 
 
 def format_table(rows: list[dict]) -> str:

@@ -119,6 +119,11 @@ def test_round_table_and_cost():
     assert trace().cost("a") == {"forward_passes": 5, "tokens_fed": 10, "seconds": 0.25, "cached_tokens": 0}
     frame = plots.cost_frame(trace(), {"a": trace()})
     assert list(frame["run"]) == ["ensemble", "ensemble", "alone", "alone"]
+    assert "ran" not in frame.columns  # a trace that does not say
+    t = trace()
+    t.devices, t.workers = {"a": "cpu", "b": "cuda:0"}, "parallel (2 workers; measured side by side 0.67× one after another)"
+    frame = plots.cost_frame(t).set_index("model")
+    assert frame.loc["b", "device"] == "cuda:0" and frame.loc["a", "ran"].startswith("parallel")
 
 
 def test_cost_view_counts_speculative_drafts_when_they_were_on():
