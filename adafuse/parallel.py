@@ -104,7 +104,9 @@ class Workers:
             places = [_place(m, self.devices[i]) for i, m in enumerate(models)]
             parallel = len(set(places)) == len(groups)
             shared = {p for p in places if places.count(p) > 1}
-            if not parallel and shared == {"cpu"} and len(cpu) > 1 and not threads:  # ... or where the CPU says so
+            # ... or where the CPU says so, if this process may use a thread per model (a process given one thread, as
+            # each of experiments/run.py's workers is, takes turns)
+            if not parallel and shared == {"cpu"} and 1 < len(cpu) <= torch.get_num_threads() and not threads:
                 firsts: dict[int, object] = {}  # one loaded model per CPU worker
                 for i, m in enumerate(models):
                     if self.group[i] in cpu:

@@ -155,6 +155,7 @@ def test_models_sharing_the_cpu_go_side_by_side_when_the_machine_measures_it_fas
     seq, side = par.measure_cpu_side_by_side(pair, 1)  # the probe on the real pair: a few forwards
     assert seq > 0 and side > 0
     assert par.measure_cpu_side_by_side(pair, 1) == (seq, side)  # measured once per process
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # a process that may run a thread per model
     for measured, chosen in (((1.0, 0.6), True), ((1.0, 0.95), False)):
         monkeypatch.setattr(par, "measure_cpu_side_by_side", lambda models, threads, m=measured: m)
         w = Workers(pair)
@@ -164,6 +165,10 @@ def test_models_sharing_the_cpu_go_side_by_side_when_the_machine_measures_it_fas
         w.close()
     # an explicit choice, or a thread budget, is not second-guessed
     assert Workers(pair, parallel=False).measured is None and not Workers(pair, threads=1).parallel
+    # a process given fewer torch threads than models (one worker process per core) takes turns without probing
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    one = Workers(pair)
+    assert not one.parallel and one.measured is None
 
 
 @pytest.mark.parametrize("ending", ["finished", "cancelled"])
