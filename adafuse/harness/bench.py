@@ -123,9 +123,12 @@ def main(argv=None) -> int:
                                          "sum": 0.0, "outputs": [], "spec": [0] * len(SPEC_COUNTERS),
                                          "writers": {},
                                          **{m.name: [0, 0] for m in models}})
-            for prompt, cfg in items:
+            # the mixture draws its writers from `seed`: one seed per prompt (only the mixture reads it), else every
+            # answer would have the same writer for its first word, its second, ... and the cost would follow
+            # whichever model that one sequence favours
+            for i, (prompt, cfg) in enumerate(items):
                 t0 = time.perf_counter()
-                tr = fn(prompt, cfg)
+                tr = fn(prompt, replace(cfg, seed=i))
                 st["wall"] += time.perf_counter() - t0
                 st["words"] += tr.words
                 st["decode"] += sum(r.seconds for r in tr.rounds)
