@@ -116,8 +116,8 @@ class Decoding:
             behind = self._behind.pop(m, None)
             if behind is not None:
                 behind.result()  # done, or waited for (its error, if any, is this round's)
-        reading = getattr(self, "next_writer", None)  # the mixture's next writer reads this round's word as it is
-        for m in self.method.drawn(self):           # written (Mixture.propose): no catch-up of its own now
+        reading = self.method.reader(self)  # reads this round's words as they are written: no catch-up of its own
+        for m in self.method.drawn(self):
             if side_by_side and m not in acting and m != reading and self.sessions[m].text != output:
                 self._catch_up_later(m, output)
 
@@ -354,10 +354,12 @@ class Decoding:
         if future is not None:
             self._behind[m] = future
 
-    def _settle_behind(self, steps: list[ModelStep] | None) -> None:
+    def _settle_behind(self, steps: list[ModelStep] | None = None) -> None:
         """The decode is over: cancel the background catch-ups not started, wait for the running ones (so nothing
-        touches a model of this decode afterwards) and charge their work to `steps` (the last round). What they
-        raise no longer matters: the model is not used again."""
+        touches a model of this decode afterwards) and charge their work to `steps` (default: the last round's, if
+        any). What they raise no longer matters: the model is not used again."""
+        if steps is None and self.trace.rounds:
+            steps = self.trace.rounds[-1].steps
         behind, self._behind = self._behind, {}
         for future in behind.values():
             if not future.cancel():
@@ -373,8 +375,13 @@ class Decoding:
         to its step (the one place costs are counted): work done between rounds, such as a catch-up in the
         background, goes to the next round charged."""
         for i, (step, s) in enumerate(zip(steps, self.sessions)):
-            now = _snapshot(s)
-            _add(step, now, self._charged[i])
+            now, before = _snapshot(s), self._charged[i]
+            step.forward_passes += now[0] - before[0]
+            step.tokens_fed += now[1] - before[1]
+            step.seconds += now[2] - before[2]
+            step.cached_tokens += now[3] - before[3]
+            for k, key in enumerate(SPEC_COUNTERS):
+                setattr(step, key, getattr(step, key) + now[4 + k] - before[4 + k])
             self._charged[i] = now
 
     @contextmanager
@@ -386,7 +393,7 @@ class Decoding:
         except BaseException as exc:
             self.pending, self.done = None, True
             self.trace.stop_reason = f"error: {type(exc).__name__}: {str(exc)[:200]}"
-            self._settle_behind(self.trace.rounds[-1].steps if self.trace.rounds else None)
+            self._settle_behind()
             self.workers.close()
             raise
 
@@ -430,7 +437,7 @@ class Decoding:
         if not self.done:
             self.done = True
             self.trace.stop_reason = "cancelled"
-            self._settle_behind(self.trace.rounds[-1].steps if self.trace.rounds else None)
+            self._settle_behind()
             self.workers.close()
 
     def __iter__(self) -> Iterator[Round]:
@@ -464,16 +471,6 @@ SPEC_COUNTERS = ("draft_tokens", "accepted_tokens", "verify_passes", "scores_fro
 def _snapshot(s: ModelView) -> tuple:
     """A model's cost counters now: forward passes, tokens fed, seconds, cached prompt tokens, then SPEC_COUNTERS."""
     return (*s.stats(), *(getattr(s, key) for key in SPEC_COUNTERS))
-
-
-def _add(step: ModelStep, now: tuple, before: tuple) -> None:
-    """Add the counters' growth from `before` to `now` (`_snapshot`s) to the step."""
-    step.forward_passes += now[0] - before[0]
-    step.tokens_fed += now[1] - before[1]
-    step.seconds += now[2] - before[2]
-    step.cached_tokens += now[3] - before[3]
-    for i, key in enumerate(SPEC_COUNTERS):
-        setattr(step, key, getattr(step, key) + now[4 + i] - before[4 + i])
 
 
 def _validate(models: Sequence[LoadedModel], config: DecodeConfig, prompt) -> None:

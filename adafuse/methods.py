@@ -42,6 +42,10 @@ class Method:
         """Models that may act in some round (a lazy method catches only these up)."""
         return list(range(len(d.sessions)))
 
+    def reader(self, d: "Decoding") -> int | None:
+        """The idle model that reads this round's words as they are written (None: none; the others catch up)."""
+        return None
+
     def propose(self, d: "Decoding", s: ModelView, budget: int) -> tuple[list[Proposal], str, list[float]]:
         """Model `s`'s proposals this round, its mode and the margins it looked at (`budget`: words left)."""
         raise NotImplementedError
@@ -127,22 +131,23 @@ class Mixture(Method):
         d.rng = random.Random(d.config.seed)
         d.generator = torch.Generator().manual_seed(d.config.seed)
         d.next_draw = None
-        d.next_writer = None
 
     def acting(self, d):
         u = d.rng.random() if d.next_draw is None else d.next_draw
-        # the next round's number, drawn a round early (the same numbers in the same order); its writer is a guess
-        # made with today's weights, for reading ahead: the round itself uses the weights in force then
-        d.next_draw = d.rng.random()
-        d.next_writer = writer(d.next_draw, len(d.sessions), d.config.weights)
+        d.next_draw = d.rng.random()  # the next round's number, drawn a round early (the same numbers in order)
         return [writer(u, len(d.sessions), d.config.weights)]
+
+    def reader(self, d):
+        """The next round's writer as today's weights would draw it: a guess for reading ahead (the round itself uses
+        the weights in force then)."""
+        return writer(d.next_draw, len(d.sessions), d.config.weights)
 
     def drawn(self, d):
         return [m for m in range(len(d.sessions)) if not d.config.weights or d.config.weights[m] > 0]
 
     def propose(self, d, s, budget):
         cfg = d.config
-        ahead, nxt = None, d.next_writer
+        ahead, nxt = None, self.reader(d)
         # a local model reads ahead (a served one would pay a request for each token read)
         if d.workers.enabled and d.workers.parallel and d.sessions[nxt] is not s and \
                 isinstance(d.sessions[nxt], LocalSession):

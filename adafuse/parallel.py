@@ -64,10 +64,16 @@ def measure_cpu_side_by_side(models: Sequence, threads_each: int, repeats: int =
     return _MEASURED[key]
 
 
-def _measurable(model) -> bool:
-    """A transformers model the probe can run (toy and served models are not measured)."""
+def _measure_or_none(models: Sequence) -> tuple[float, float] | None:
+    """`measure_cpu_side_by_side` for transformers models with the cores shared out; None for models the probe cannot
+    run (toy or served models, or a probe that fails): those take turns."""
     from transformers import PreTrainedModel
-    return isinstance(getattr(model, "model", None), PreTrainedModel)
+    if not all(isinstance(getattr(m, "model", None), PreTrainedModel) for m in models):
+        return None
+    try:
+        return measure_cpu_side_by_side(models, cpu_threads_per_model(len(models)))
+    except Exception:  # noqa: BLE001 - see above
+        return None
 
 
 def _served(model) -> bool:
@@ -107,17 +113,9 @@ class Workers:
             # ... or where the CPU says so, if this process may use a thread per model (a process given one thread, as
             # each of experiments/run.py's workers is, takes turns)
             if not parallel and shared == {"cpu"} and 1 < len(cpu) <= torch.get_num_threads() and not threads:
-                firsts: dict[int, object] = {}  # one loaded model per CPU worker
-                for i, m in enumerate(models):
-                    if self.group[i] in cpu:
-                        firsts.setdefault(self.group[i], m)
-                if all(_measurable(m) for m in firsts.values()):
-                    try:
-                        self.measured = measure_cpu_side_by_side(list(firsts.values()),
-                                                                 cpu_threads_per_model(len(cpu)))
-                        parallel = self.measured[1] <= SIDE_BY_SIDE_GAIN * self.measured[0]
-                    except Exception:  # noqa: BLE001 - a model the probe cannot run: take turns, as before
-                        parallel = False
+                self.measured = _measure_or_none(list({id(m): m for i, m in enumerate(models)
+                                                       if self.group[i] in cpu}.values()))  # each CPU model once
+                parallel = bool(self.measured) and self.measured[1] <= SIDE_BY_SIDE_GAIN * self.measured[0]
         self.parallel = bool(parallel)
         self.enabled = len(groups) > 1
         self.given = threads  # one after another, the caller's thread runs the models: its budget, unless given
