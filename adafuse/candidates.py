@@ -31,18 +31,14 @@ def _from_words(words: list[Word]) -> Proposal:
 
 def greedy_span(s: ModelView, max_words: int, tau: float | None, max_word_tokens: int,
                 choose: Callable[[ModelView, torch.Tensor], int] = best_token,
-                drafts: Sequence[str] = (), guesses: Sequence[str] = (),
-                ahead: Callable[[str], None] | None = None) -> tuple[Proposal, list[float]]:
+                drafts: Sequence[str] = (), guesses: Sequence[str] = ()) -> tuple[Proposal, list[float]]:
     """Words chosen token by token (greedily by default) while the margin at each word start stays >= tau (tau None:
     always), at most max_words. Tokens are fed on the live state so a winning span costs nothing more to commit.
 
     `drafts` (texts other models proposed after the same committed text) and `guesses` (other likely continuations,
     e.g. from prompt lookup): verified first in one batched forward; while the chosen tokens follow one, their
     log-probs come from that forward instead of one forward each. The rules below see the same tokens and log-probs
-    either way (speculative proposals, issue 15).
-
-    `ahead(text)`: called with the span so far each time a token is taken, before the forward that tells whether
-    the word goes on (the mixture lets the next writer read the word meanwhile)."""
+    either way (speculative proposals, issue 15)."""
     s.rewind()
     lp = s.next_logprobs
     margins = [margin(lp)]
@@ -55,8 +51,6 @@ def greedy_span(s: ModelView, max_words: int, tau: float | None, max_word_tokens
         while True:
             w = Word(s, context, max_word_tokens)
             while w.offer(t, lp):
-                if ahead is not None:
-                    ahead("".join(x.text for x in words) + w.text)
                 lp = s.extend(t)
                 t = choose(s, lp)
             words.append(w)
@@ -219,10 +213,7 @@ def _starts_with_space(s: ModelView) -> torch.Tensor:
                                                 if txt[:1].isspace() and t not in s.banned_ids])
 
 
-def sample_word(s: ModelView, temperature: float, generator: torch.Generator, max_word_tokens: int,
-                ahead: Callable[[str], None] | None = None) -> Proposal:
-    """One word drawn token by token from the model (temperature 0: greedy), on the live state (`ahead`: as for
-    `greedy_span`)."""
-    p, _ = greedy_span(s, 1, None, max_word_tokens, lambda v, lp: sample_token(v, lp, temperature, generator),
-                       ahead=ahead)
+def sample_word(s: ModelView, temperature: float, generator: torch.Generator, max_word_tokens: int) -> Proposal:
+    """One word drawn token by token from the model (temperature 0: greedy), on the live state."""
+    p, _ = greedy_span(s, 1, None, max_word_tokens, lambda v, lp: sample_token(v, lp, temperature, generator))
     return p

@@ -46,7 +46,7 @@ class Decoding:
         # each phase of a round runs the models side by side (one worker each) or one after another: `parallel`
         # True/False, or None to choose (side by side when each model has its own GPU, server or the CPU; see `Workers`);
         # `threads`: torch CPU threads per worker (default: the cores shared out)
-        self.workers = Workers(self.models, parallel, threads)
+        self.workers = Workers(self.models, parallel, threads, probe=self.method.overlaps)
         weakref.finalize(self, self.workers.close)
         self.sessions: list[ModelView] = self.workers.map(
             lambda m: _open_view(self.models[m], prompt, config), range(len(self.models)))
@@ -116,18 +116,20 @@ class Decoding:
             behind = self._behind.pop(m, None)
             if behind is not None:
                 behind.result()  # done, or waited for (its error, if any, is this round's)
-        reading = self.method.reader(self)  # reads this round's words as they are written: no catch-up of its own
         for m in self.method.drawn(self):
-            if side_by_side and m not in acting and m != reading and self.sessions[m].text != output:
+            if side_by_side and m not in acting and self.sessions[m].text != output:
                 self._catch_up_later(m, output)
 
         gate = self.gate()
         entropies: dict[int, float] = {}
+        # what a model catching up will likely write next rides along in its catch-up's forward (read here, before
+        # the models' workers start)
+        guesses = {m: self.method.guess(self, m) for m in acting if self.sessions[m].text != output}
 
         def act(m: int):
             s = self.sessions[m]
             if s.text != output:  # a lazy method's model catching up on the words it did not commit
-                s.commit(output)
+                s.commit(output, guesses.get(m, ""))
             if gate is not None and m in acting:  # what the model shows at the word start, before it proposes
                 entropies[m] = entropy(s.next_logprobs)
             if m not in acting:

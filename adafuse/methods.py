@@ -17,11 +17,10 @@ import torch
 from .candidates import Proposal, beam, explore, greedy_span, sample_word
 from .errors import ConfigError
 from .selection import NO_WEIGHTS
-from .session import LocalSession
 from .trace import Candidate, ModelStep
 from .view import ModelView
 from .words import count_words
-from .writer import end_logprob, margin
+from .writer import best_token, end_logprob, margin
 
 if TYPE_CHECKING:
     from .decoder import Decoding
@@ -30,7 +29,8 @@ if TYPE_CHECKING:
 class Method:
     """A proposer: every model acts every round, the pool is scored by every model."""
     scores = True     # the pool is scored by every model
-    lazy = False      # models that did not act this round catch up later (when next drawn, or beside the writer)
+    lazy = False      # models that did not act this round catch up later (when next drawn, or in the background)
+    overlaps = True   # models sharing the CPU may run side by side (False: one works at a time, they take turns)
 
     def start(self, d: "Decoding") -> None:
         """Per-decode state (random generators)."""
@@ -42,9 +42,10 @@ class Method:
         """Models that may act in some round (a lazy method catches only these up)."""
         return list(range(len(d.sessions)))
 
-    def reader(self, d: "Decoding") -> int | None:
-        """The idle model that reads this round's words as they are written (None: none; the others catch up)."""
-        return None
+    def guess(self, d: "Decoding", m: int) -> str:
+        """Text model m, about to catch up on words it did not see, will likely write next ("": none): fed in the
+        catch-up's forward, it saves the writer a forward where it agrees."""
+        return ""
 
     def propose(self, d: "Decoding", s: ModelView, budget: int) -> tuple[list[Proposal], str, list[float]]:
         """Model `s`'s proposals this round, its mode and the margins it looked at (`budget`: words left)."""
@@ -120,43 +121,40 @@ class Greedy(Method):
 class Mixture(Method):
     """Word-level mixture of experts (ME): each round one model, drawn with `weights` and `seed`, writes the next word
     by sampling at `temperature` (0: greedily). No other model proposes or scores; the others catch up with one
-    forward over the accumulated text when they are next drawn. Side by side they catch up in the background, and the
-    next round's writer (drawn a round ahead, from the same sequence of draws) reads the word being written while its
-    writer checks whether the word goes on, so a change of writer costs no forward on the critical path when the word
-    ends where it was read."""
+    forward over the accumulated text when they are next drawn, and that forward also feeds the token the last
+    writer would write next (`guess`): where the new writer writes it too, the forward that follows its first token
+    is saved. One model works at a time, so on a shared CPU the models take turns (each with every core) unless
+    side by side is asked for; side by side, the idle models catch up in the background."""
     scores = False
     lazy = True
+    overlaps = False
 
     def start(self, d):
         d.rng = random.Random(d.config.seed)
         d.generator = torch.Generator().manual_seed(d.config.seed)
-        d.next_draw = None
 
     def acting(self, d):
-        u = d.rng.random() if d.next_draw is None else d.next_draw
-        d.next_draw = d.rng.random()  # the next round's number, drawn a round early (the same numbers in order)
-        return [writer(u, len(d.sessions), d.config.weights)]
-
-    def reader(self, d):
-        """The next round's writer as today's weights would draw it: a guess for reading ahead (the round itself uses
-        the weights in force then)."""
-        return writer(d.next_draw, len(d.sessions), d.config.weights)
+        return [writer(d.rng.random(), len(d.sessions), d.config.weights)]
 
     def drawn(self, d):
         return [m for m in range(len(d.sessions)) if not d.config.weights or d.config.weights[m] > 0]
 
+    def guess(self, d, m):
+        """The next token of a model that is up to date (the last writer first: the token that told it its word had
+        ended), as text. Only models with nothing running in the background are read."""
+        output = d.trace.output
+        last = [st.mode != "idle" for st in d.trace.rounds[-1].steps] if d.trace.rounds else []
+        for o in sorted(range(len(d.sessions)), key=lambda o: not (o < len(last) and last[o])):
+            s, behind = d.sessions[o], d._behind.get(o)
+            if o == m or s.text != output or (behind is not None and not behind.done()):
+                continue
+            t = best_token(s, s.next_logprobs)
+            return "" if t in s.end_ids else s.decode_after(s.ids, [t])
+        return ""
+
     def propose(self, d, s, budget):
         cfg = d.config
-        ahead, nxt = None, self.reader(d)
-        # a local model reads ahead (a served one would pay a request for each token read)
-        if d.workers.enabled and d.workers.parallel and d.sessions[nxt] is not s and \
-                isinstance(d.sessions[nxt], LocalSession):
-            output = d.trace.output
-
-            def ahead(text: str) -> None:
-                if not text.endswith("\ufffd"):  # not inside a character
-                    d._catch_up_later(nxt, output + text)
-        return [sample_word(s, cfg.temperature, d.generator, cfg.max_word_tokens, ahead)], "write", \
+        return [sample_word(s, cfg.temperature, d.generator, cfg.max_word_tokens)], "write", \
             [margin(s.next_logprobs)]
 
 

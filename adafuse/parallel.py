@@ -99,20 +99,25 @@ class Workers:
     on one, so taking turns won; on another, two threads were no faster than one and side by side took 0.7× the
     time)."""
 
-    def __init__(self, models: Sequence, parallel: bool | None = None, threads: int | None = None):
+    def __init__(self, models: Sequence, parallel: bool | None = None, threads: int | None = None,
+                 probe: bool = True):
         groups: dict[int, int] = {}
         self.group = [groups.setdefault(id(m), len(groups)) for m in models]
         self.devices = [m.device for m in models]
         # models computing on this machine's CPU share its cores; GPUs and servers compute elsewhere
         cpu = {self.group[i] for i, m in enumerate(models) if self.devices[i].type == "cpu" and not _served(m)}
         self.measured: tuple[float, float] | None = None
+        self.turns = ""  # why models sharing the CPU take turns without a probe
         if parallel is None:  # side by side where each model computes in a place of its own
             places = [_place(m, self.devices[i]) for i, m in enumerate(models)]
             parallel = len(set(places)) == len(groups)
             shared = {p for p in places if places.count(p) > 1}
             # ... or where the CPU says so, if this process may use a thread per model (a process given one thread, as
             # each of experiments/run.py's workers is, takes turns)
-            if not parallel and shared == {"cpu"} and 1 < len(cpu) <= torch.get_num_threads() and not threads:
+            # (`probe` False: the method has one model working at a time, so they take turns without asking)
+            if not parallel and shared == {"cpu"} and not probe:
+                self.turns = "one model works at a time"
+            elif not parallel and shared == {"cpu"} and 1 < len(cpu) <= torch.get_num_threads() and not threads:
                 self.measured = _measure_or_none(list({id(m): m for i, m in enumerate(models)
                                                        if self.group[i] in cpu}.values()))  # each CPU model once
                 parallel = bool(self.measured) and self.measured[1] <= SIDE_BY_SIDE_GAIN * self.measured[0]
@@ -133,7 +138,8 @@ class Workers:
         measured = f"; measured side by side {self.measured[1] / self.measured[0]:.2f}× one after another" \
             if self.measured else ""
         if not self.parallel:
-            return "sequential" + (f" ({self.given if self.given else torch.get_num_threads()} CPU threads{measured})"
+            why = f"; {self.turns}" if self.turns else measured
+            return "sequential" + (f" ({self.given if self.given else torch.get_num_threads()} CPU threads{why})"
                                    if cpu else "")
         return f"parallel ({len(self.pool)} workers" + (f", {self.threads} CPU thread(s) each{measured})" if cpu else ")")
 

@@ -313,7 +313,7 @@ class RemoteSession(TokenizedView):
             return self.next_logprobs
         return torch.maximum(self.next_logprobs, self.next_many(self.lm, [self.ids], [missing], self)[0])
 
-    def commit(self, y: str) -> None:
+    def commit(self, y: str, guess: str = "") -> None:
         new = self.encode(y)
         tail = tuple(new[len(self.ids):]) if new[: len(self.ids)] == self.ids else None
         if self.spec and new == self.ids + self.spec:

@@ -19,6 +19,8 @@ MAX_LOGIT_FLOATS = 48_000_000
 # Largest copy of the cached prefix made for one batch (rows × prefix KV bytes): scoring splits its rows to stay
 # under it (an 8B model at 2k tokens holds ~0.25 GB of KV per row).
 MAX_SIDE_CACHE_BYTES = 2 * 2**30
+# At most this many tokens of a guess ride along with a catch-up's forward (`LocalSession.commit`).
+GUESS_TOKENS = 4
 # Re-anchor the tokenization once the text after the anchor is this many tokens long.
 ANCHOR_EVERY = 48
 
@@ -271,16 +273,20 @@ class LocalSession(TokenizedView):
         self._drafts: _Drafts | None = None  # verified drafts `extend` may take tokens from (speculative proposals)
         self._verified: _Drafts | None = None  # the last verified drafts, read by scoring until the next commit
         self._pending: list[list[int]] = []  # drafts given, verified when the span's first token is fed
+        # a guess fed with the last catch-up (`commit(y, guess)`): its tokens after `ids`, on the live cache, the
+        # log-probs after each, and how many `extend` has taken
+        self._guessed: tuple[list[int], torch.Tensor] | None = None
+        self._guess_taken = 0
         PREFIXES.store(lm, self.ids, self.cache)
 
     # ---- forward passes ----
     @torch.inference_mode()
-    def _feed(self, new: list[int]) -> torch.Tensor:
-        """Feed tokens on the live cache; returns (1, V) float32 log-probs after the last one."""
+    def _feed(self, new: list[int], last: int = 1) -> torch.Tensor:
+        """Feed tokens on the live cache; returns (last, V) float32 log-probs after each of the `last` last ones."""
         t0 = time.perf_counter()
         input_ids = torch.tensor([new], device=self.lm.device)  # (1, T)
-        # Only the last position's logits are needed: skipping the rest spares a (T, V) head product.
-        out = self.lm.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        # Only the last positions' logits are needed: skipping the rest spares a (T, V) head product.
+        out = self.lm.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=last)
         self.cached_ids = self.cached_ids + list(new)
         self.forward_passes += 1
         self.tokens_fed += len(new)
@@ -294,6 +300,15 @@ class LocalSession(TokenizedView):
         return result
 
     def extend(self, token: int) -> torch.Tensor:
+        if self._guessed is not None:
+            tokens, logprobs = self._guessed
+            k = self._guess_taken
+            if k < len(tokens) and tokens[k] == token:  # the catch-up's forward already fed this token: no forward
+                self._guess_taken += 1
+                self.accepted_tokens += 1
+                self.end_logprobs = logprobs[k]
+                return self.end_logprobs
+            self._drop_guess()
         if self._pending:  # drafts wait for the first token fed: a span whose first token is never fed verifies nothing
             rows, self._pending = self._pending, []
             if any(len(r) >= 2 and r[0] == token for r in rows):
@@ -335,7 +350,20 @@ class LocalSession(TokenizedView):
                 return v.logprobs[i, :n]
         return None
 
+    def _drop_guess(self) -> None:
+        """Forget the guess's tokens not taken (cropped from the live cache)."""
+        if self._guessed is None:
+            return
+        keep = len(self.ids) + self._guess_taken
+        if len(self.cached_ids) > keep:
+            self.cache.crop(keep)
+            self.cached_ids = self.cached_ids[:keep]
+        if not self._guess_taken:
+            self.end_logprobs = self.next_logprobs
+        self._guessed, self._guess_taken = None, 0
+
     def settle(self) -> None:
+        self._drop_guess()
         self._pending = []
         d, self._drafts = self._drafts, None
         if d is None or not d.taken:
@@ -345,6 +373,10 @@ class LocalSession(TokenizedView):
 
     def rewind(self) -> None:
         self._pending = []
+        if self._guessed is not None:  # a guess stays where the catch-up fed it (the live cache: ids + its tokens)
+            self._guess_taken = 0
+            self.end_logprobs = self._guessed[1][-1]
+            return
         if self._drafts is not None:  # tokens taken from drafts are dropped with them
             self._drafts = None
             self.end_logprobs = self.next_logprobs
@@ -353,8 +385,11 @@ class LocalSession(TokenizedView):
             self.cached_ids = self.cached_ids[: len(self.ids)]
             self.end_logprobs = self.next_logprobs
 
-    def commit(self, y: str) -> None:
-        """Set the committed text to `y`: reuse the cache up to the common token prefix, feed the rest."""
+    def commit(self, y: str, guess: str = "") -> None:
+        """Set the committed text to `y`: reuse the cache up to the common token prefix, feed the rest. When a feed
+        is needed, `guess` (text likely to follow `y`) goes into the same forward: while `extend` is then given its
+        tokens, their log-probs come from that forward (the mixture's catch-up, which another model's next word
+        usually starts as its writer's next token said)."""
         self.settle()
         new = self.encode(y)
         lcp = common_prefix(self.cached_ids, new)
@@ -371,13 +406,24 @@ class LocalSession(TokenizedView):
             keep = min(lcp, len(new) - 1)
             self.cache.crop(keep)
             self.cached_ids = self.cached_ids[:keep]
-            self.end_logprobs = self._feed(new[keep:])[-1]
-            self.next_logprobs = self.end_logprobs
+            extra = self._guess_tokens(y, guess, new) if guess else []
+            logprobs = self._feed(new[keep:] + extra, 1 + len(extra))
+            self.end_logprobs = self.next_logprobs = logprobs[0]
+            if extra:  # the guess stays on the live cache as speculative tokens until `extend` takes or drops them
+                self._guessed, self._guess_taken = (extra, logprobs[1:]), 0
+                self.draft_tokens += len(extra)
+                self.end_logprobs = logprobs[-1]
         self.ids = new
         self.text = y
         self.adoptable = {}
         self._verified = None
         self._move_anchor()
+
+    def _guess_tokens(self, y: str, guess: str, new: list[int]) -> list[int]:
+        """The guess as this model's tokens after `new` (the ids of `y`), at most GUESS_TOKENS; none when its first
+        token would merge with the end of `y`."""
+        ids = self.encode(y + guess)
+        return ids[len(new):][:GUESS_TOKENS] if ids[: len(new)] == new else []
 
     def remember(self, tokens: list[int], cache: DynamicCache, row: int, start: int, logprobs: torch.Tensor) -> None:
         """Keep the KV of `tokens` (fed after ids[:start] in `row` of a side cache) for a later commit."""

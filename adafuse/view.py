@@ -111,8 +111,9 @@ class ModelView(ABC):
         return self.next_logprobs
 
     @abstractmethod
-    def commit(self, y: str) -> None:
-        """Make `y` the committed text."""
+    def commit(self, y: str, guess: str = "") -> None:
+        """Make `y` the committed text; `guess`, text likely to follow it, may be verified on the way (a view that
+        does not guess ignores it)."""
 
     @abstractmethod
     def stats(self) -> tuple[int, int, float, int]:

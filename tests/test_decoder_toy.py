@@ -302,3 +302,68 @@ def test_per_word_normalization_keeps_the_likelier_word_over_a_long_one_with_a_c
     assert per_word.winner == short
     with pytest.raises(ConfigError, match="normalize"):
         DecodeConfig(normalize="char")
+
+
+class _Draws:
+    """The mixture's draws in a given order (u < 0.5: model a, at equal weights)."""
+
+    def __init__(self, seq):
+        self.seq = list(seq)
+
+    def random(self):
+        return self.seq.pop(0) if self.seq else 0.1
+
+
+@pytest.mark.parametrize("b_after_paris", [{" is": 0.6, " big": 0.3}, {" big": 0.6, " is": 0.3}])
+def test_a_mixture_writer_catching_up_feeds_the_last_writers_next_token_with_it(monkeypatch, b_after_paris):
+    """a writes " Paris" and its next token says " is"; b, drawn next, catches up on " Paris" and " is" in one
+    forward: where b writes " is" too that forward gave its next distribution (one forward saved), where it writes
+    " big" the guess is cropped away. The text is the same as without the guess either way."""
+    from adafuse.methods import Mixture
+
+    def run(guess: bool):
+        if not guess:
+            monkeypatch.setattr(Mixture, "guess", lambda self, d, m: "")
+        models = pair(b=dict(B_RULES, **{" Paris": b_after_paris}))
+        d = AdaFuse(models, DecodeConfig(method="mixture", temperature=0), parallel=False).start("Q")
+        d.rng = _Draws([0.1, 0.9, 0.1, 0.9, 0.1, 0.9])
+        for _ in d:
+            pass
+        monkeypatch.undo()
+        return d.trace
+
+    plain, guessed = run(False), run(True)
+    assert [r.text for r in guessed.rounds] == [r.text for r in plain.rounds]
+    assert guessed.output == plain.output
+    b_plain, b_guessed = plain.rounds[1].steps[1], guessed.rounds[1].steps[1]
+    assert b_guessed.draft_tokens == 1  # a's next token, fed with b's catch-up
+    if b_after_paris[" is"] > 0.5:
+        assert guessed.rounds[1].text == " is"
+        assert (b_guessed.accepted_tokens, b_guessed.forward_passes) == (1, b_plain.forward_passes - 1)
+    else:
+        assert guessed.rounds[1].text == " big"
+        assert (b_guessed.accepted_tokens, b_guessed.forward_passes) == (0, b_plain.forward_passes)
+    total = lambda tr: sum(s.forward_passes for r in tr.rounds for s in r.steps)  # noqa: E731
+    assert total(guessed) <= total(plain)
+
+
+def test_a_guess_fed_with_a_catch_up_is_taken_kept_through_a_rewind_or_cropped():
+    a = toy_model("a", V, A_RULES)
+    after_is, after_big = ModelSession(a, "Q Paris is").next_logprobs, ModelSession(a, "Q Paris is big").next_logprobs
+    s = ModelSession(a, "Q")
+    s.commit(" Paris", guess=" is nice")
+    assert s.cached_ids[len(s.ids):] == [a.tokenizer.index[" is"], a.tokenizer.index[" nice"]]
+    calls = a.model.calls
+    s.rewind()  # a proposer starting over keeps the guess where it is
+    lp = s.extend(a.tokenizer.index[" is"])
+    assert a.model.calls == calls and s.accepted_tokens == 1
+    assert torch.equal(lp, after_is)
+    s.extend(a.tokenizer.index[" big"])  # off the guess: " nice" is cropped, " big" fed
+    assert a.model.calls == calls + 1
+    assert s.cached_ids[len(s.ids):] == [a.tokenizer.index[" is"], a.tokenizer.index[" big"]]
+    s.commit(" Paris is big")
+    assert torch.equal(s.next_logprobs, after_big)
+    # a guess not taken at all is dropped when the proposal ends
+    s.commit(" Paris is big.", guess=" London")
+    s.settle()
+    assert s.cached_ids == s.ids and torch.equal(s.end_logprobs, s.next_logprobs)

@@ -233,41 +233,24 @@ def test_the_mixture_draws_as_random_choices_and_a_weight_change_counts_from_the
         assert later and all(r.steps[1].mode == "idle" for r in later)
 
 
-def test_side_by_side_the_next_writer_reads_the_word_while_its_writer_checks_that_it_ended():
+def test_the_mixture_takes_turns_on_a_shared_cpu_unless_side_by_side_is_asked_for(monkeypatch):
+    """One model writes each word, so there is nothing to overlap but catch-ups, which ride along with the writer's
+    forward: models sharing the CPU take turns without probing; asked for, side by side gives the same text."""
+    import adafuse.parallel as par
     from tests.test_decoder_toy import pair as toy_pair
-    a, b = toy_pair()
-    d = AdaFuse([a, b], DecodeConfig(method="mixture", temperature=0), parallel=True).start("Q")
+    probed = []
+    monkeypatch.setattr(par, "_measure_or_none", lambda models: probed.append(1) or (1.0, 0.5))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    cfg = DecodeConfig(method="mixture", temperature=0, seed=3)
+    turns = AdaFuse(toy_pair(), cfg).start("Q")
+    assert not turns.workers.parallel and probed == []
+    adafuse = AdaFuse(toy_pair(), DecodeConfig()).start("Q")  # the same models, a method that overlaps: probed
+    assert adafuse.workers.parallel and probed == [1]
+    both = AdaFuse(toy_pair(), cfg, parallel=True).start("Q")
+    assert both.workers.parallel
+    for d in (turns, both):
+        for _ in d:
+            pass
+    assert both.trace.output == turns.trace.output and \
+        [r.text for r in both.trace.rounds] == [r.text for r in turns.trace.rounds]
 
-    class Draws:  # a writes round 0, b round 1, then a again (u < 0.5: a, at equal weights)
-        def __init__(self):
-            self.seq = [0.1, 0.9, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]
-
-        def random(self):
-            return self.seq.pop(0)
-
-    d.rng = Draws()
-    reading, overlapped = threading.Event(), []
-    b_commit, a_forward = d.sessions[1].commit, a.model.forward
-
-    def commit(text):  # b starts reading a's word
-        if text == " Paris":
-            reading.set()
-        return b_commit(text)
-
-    def forward(*args, **kw):  # a's forward after taking " Paris" finds b already reading it
-        if not overlapped:
-            overlapped.append(reading.wait(5))
-        return a_forward(*args, **kw)
-
-    d.sessions[1].commit, a.model.forward = commit, forward
-    r0 = d.commit()
-    assert r0.text == " Paris" and overlapped == [True]
-    r1 = d.propose()
-    assert r1.steps[1].mode == "write" and r1.steps[0].mode == "idle"
-    for _ in d:
-        pass
-    seq = AdaFuse(toy_pair(), DecodeConfig(method="mixture", temperature=0), parallel=False).start("Q")
-    seq.rng = Draws()
-    for _ in seq:
-        pass
-    assert d.trace.output == seq.trace.output and [r.text for r in d.trace.rounds] == [r.text for r in seq.trace.rounds]

@@ -146,3 +146,31 @@ def test_short_prompts_decode(pair, prompt):
     tr = AdaFuse(pair, DecodeConfig(max_new_words=4, tau=0.9)).generate(prompt)
     assert tr.output == "".join(r.text for r in tr.rounds)
     json.loads(tr.to_json())
+
+
+def test_the_cpu_output_layer_is_the_same_linear_map_as_before(pair):
+    """On CPU float32 the loader computes linear layers as W·xᵀ where that measured faster (`faster_cpu_linears`):
+    the same weights (tied embeddings stay tied), the same logits as `F.linear` up to summation order, for one row,
+    several rows and batched inputs, and the plain path where gradients are wanted."""
+    from adafuse.loading import _CpuLinear
+    swapped = 0
+    for lm in pair:
+        head = lm.model.get_output_embeddings()
+        if lm.device.type != "cpu" or lm.dtype != torch.float32:
+            continue
+        assert isinstance(head, torch.nn.Linear) and head.weight is lm.model.get_input_embeddings().weight
+        layers = [m for m in lm.model.modules() if isinstance(m, _CpuLinear)]
+        assert (head in layers) == any("output layer" in n for n in lm.notes)
+        assert (len(layers) > (head in layers)) == any("inner layers" in n for n in lm.notes)
+        torch.manual_seed(0)
+        for layer in layers[:3] + [head] * (head in layers):
+            swapped += 1
+            for shape in ((1, 1, layer.in_features), (1, 3, layer.in_features), (2, 5, layer.in_features)):
+                x = torch.randn(*shape)
+                with torch.inference_mode():
+                    ours = layer(x)
+                plain = torch.nn.functional.linear(x, layer.weight, layer.bias)
+                assert ours.shape == plain.shape and ours.is_contiguous()
+                assert (ours - plain).abs().max().item() < 1e-3, (lm.name, shape)
+            x = torch.randn(1, 2, layer.in_features, requires_grad=True)
+            assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))  # F.linear itself
