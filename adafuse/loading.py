@@ -130,10 +130,10 @@ class LoadedModel:
                 f"{self.memory_bytes / 2**20:,.0f} MiB), loaded in {self.load_seconds:.1f}s")
 
     def info(self) -> dict:
-        """Plain facts for tables: name, device, dtype, memory, load time, source."""
+        """Plain facts for tables: name, device, dtype, memory, load time, source, notes (how it was loaded)."""
         return {"model": self.name, "device": ", ".join(self.devices), "dtype": str(self.dtype).replace("torch.", ""),
                 "memory_mib": round(self.memory_bytes / 2**20, 1), "load_seconds": round(self.load_seconds, 1),
-                "source": self.source}
+                "source": self.source, "notes": "; ".join(self.notes)}
 
     @classmethod
     def from_objects(cls, name: str, model, tokenizer, add_bos: bool | None = None,

@@ -68,7 +68,7 @@ def model_specs(names, device: str | None = None) -> list[str]:
 
 
 LOADED_COLUMNS = {"model": "model", "device": "device", "dtype": "dtype", "memory_mib": "memory (MiB)",
-                  "load_seconds": "load time (s)", "source": "source"}
+                  "load_seconds": "load time (s)", "source": "source", "notes": "notes"}
 
 
 def loaded_frame(models=None):

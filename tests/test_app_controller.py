@@ -97,14 +97,15 @@ class FakeLoaded:
 
     def info(self):
         return {"model": self.name, "device": self.device, "dtype": "float32", "memory_mib": 512.0,
-                "load_seconds": 1.5, "source": f"/models/{self.name}"}
+                "load_seconds": 1.5, "source": f"/models/{self.name}", "notes": "inner layers as W·xᵀ"}
 
 
 def test_loaded_models_table(monkeypatch):
     frame = loaded_frame([FakeLoaded("a", "cpu"), FakeLoaded("b", "cuda:0, cuda:1")])
-    assert list(frame.columns) == ["model", "device", "dtype", "memory (MiB)", "load time (s)", "source"]
+    assert list(frame.columns) == ["model", "device", "dtype", "memory (MiB)", "load time (s)", "source", "notes"]
     assert frame.to_dict("records")[1] == {"model": "b", "device": "cuda:0, cuda:1", "dtype": "float32",
-                                           "memory (MiB)": 512.0, "load time (s)": 1.5, "source": "/models/b"}
+                                           "memory (MiB)": 512.0, "load time (s)": 1.5, "source": "/models/b",
+                                           "notes": "inner layers as W·xᵀ"}
     empty = loaded_frame([])
     assert empty.empty and list(empty.columns) == list(frame.columns)
     monkeypatch.setattr(controller, "loaded_models", lambda: [FakeLoaded("c", "cpu")])
