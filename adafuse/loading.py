@@ -302,8 +302,9 @@ class _CpuLinear(torch.nn.Linear):
     x @ Wᵀ (`faster_cpu_linears`). With MKL on the machines this was measured on, x @ Wᵀ for a few rows takes one slow
     matrix-vector pass per row on one thread (Gemma 3's 262k × 640 output layer: 41 ms a row) where W @ xᵀ reads W
     once for all of them (25 ms for one or two rows); the model's inner layers fed 1–4 positions run about 1.5× faster
-    so when the process has two or more threads (with one thread, slower: there they stay as they are). The same weights (tied embeddings stay tied); the results
-    differ from `F.linear`'s in the last bits (another summation order). With gradients on: `F.linear` itself."""
+    so when the process has two or more threads (with one thread, slower: there they stay as they are). The same
+    weights (tied embeddings stay tied); the results differ from `F.linear`'s in the last bits (another summation
+    order). With gradients on: `F.linear` itself."""
     one = False        # a single row as W @ xᵀ too (doubled: one column takes MKL's slow path)
     most = 1 << 30     # W @ xᵀ up to this many rows
     threads = 1        # ... when the process runs at least this many torch threads
