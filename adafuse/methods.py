@@ -143,8 +143,9 @@ class Mixture(Method):
         """The next token of a model that is up to date (the last writer first: the token that told it its word had
         ended), as text. Only models with nothing running in the background are read."""
         output = d.trace.output
-        last = [st.mode != "idle" for st in d.trace.rounds[-1].steps] if d.trace.rounds else []
-        for o in sorted(range(len(d.sessions)), key=lambda o: not (o < len(last) and last[o])):
+        last = next((i for i, st in enumerate(d.trace.rounds[-1].steps) if st.mode != "idle"), None) \
+            if d.trace.rounds else None
+        for o in sorted(range(len(d.sessions)), key=lambda o: o != last):
             s, behind = d.sessions[o], d._behind.get(o)
             if o == m or s.text != output or (behind is not None and not behind.done()):
                 continue

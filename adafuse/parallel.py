@@ -113,14 +113,15 @@ class Workers:
             parallel = len(set(places)) == len(groups)
             shared = {p for p in places if places.count(p) > 1}
             # ... or where the CPU says so, if this process may use a thread per model (a process given one thread, as
-            # each of experiments/run.py's workers is, takes turns)
-            # (`probe` False: the method has one model working at a time, so they take turns without asking)
-            if not parallel and shared == {"cpu"} and not probe:
-                self.turns = "one model works at a time"
-            elif not parallel and shared == {"cpu"} and 1 < len(cpu) <= torch.get_num_threads() and not threads:
-                self.measured = _measure_or_none(list({id(m): m for i, m in enumerate(models)
-                                                       if self.group[i] in cpu}.values()))  # each CPU model once
-                parallel = bool(self.measured) and self.measured[1] <= SIDE_BY_SIDE_GAIN * self.measured[0]
+            # each of experiments/run.py's workers, takes turns; so do the models of a method with one model working at
+            # a time, `probe` False)
+            if not parallel and shared == {"cpu"}:
+                if not probe:
+                    self.turns = "one model works at a time"
+                elif 1 < len(cpu) <= torch.get_num_threads() and not threads:
+                    self.measured = _measure_or_none(list({id(m): m for i, m in enumerate(models)
+                                                           if self.group[i] in cpu}.values()))  # each CPU model once
+                    parallel = bool(self.measured) and self.measured[1] <= SIDE_BY_SIDE_GAIN * self.measured[0]
         self.parallel = bool(parallel)
         self.enabled = len(groups) > 1
         self.given = threads  # one after another, the caller's thread runs the models: its budget, unless given
