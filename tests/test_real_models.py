@@ -174,3 +174,36 @@ def test_the_cpu_output_layer_is_the_same_linear_map_as_before(pair):
                 assert (ours - plain).abs().max().item() < 1e-3, (lm.name, shape)
             x = torch.randn(1, 2, layer.in_features, requires_grad=True)
             assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))  # F.linear itself
+    assert swapped or all(lm.device.type != "cpu" for lm in pair)
+
+
+def test_grouped_attention_on_cpu_gives_transformers_numbers_bit_for_bit(pair):
+    """On CPU the loader lets grouped query heads read their key/value heads in place when a mask is given
+    (`_grouped_sdpa`): a padded batch over a cached prefix gives exactly the logits of transformers' own attention,
+    which copies every key/value head once per query head first."""
+    from transformers import AttentionInterface, DynamicCache
+    from adafuse import loading
+    assert AttentionInterface._global_mapping["sdpa"] is loading._grouped_sdpa
+    grouped = [lm for lm in pair if any("key/value head" in n for n in lm.notes)]
+    assert grouped or all(lm.device.type != "cpu" for lm in pair)
+    for lm in grouped:
+        torch.manual_seed(0)
+        prefix = torch.randint(100, 1000, (1, 40), device=lm.device)
+        rows = torch.randint(100, 1000, (3, 4), device=lm.device)
+        mask = torch.ones(3, 44, dtype=torch.long, device=lm.device)
+        mask[1, 40] = 0  # a padded position inside the new ones
+
+        def logits():
+            cache = DynamicCache()
+            with torch.inference_mode():
+                lm.model(input_ids=prefix, past_key_values=cache, use_cache=True)
+                cache.batch_repeat_interleave(3)
+                return lm.model(input_ids=rows, attention_mask=mask, past_key_values=cache, use_cache=True).logits
+
+        ours = logits()
+        AttentionInterface.register("sdpa", loading._SDPA)
+        try:
+            theirs = logits()
+        finally:
+            AttentionInterface.register("sdpa", loading._grouped_sdpa)
+        assert torch.equal(ours, theirs), lm.name

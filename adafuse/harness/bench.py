@@ -118,15 +118,19 @@ def main(argv=None) -> int:
         runs += [(f"{lm.name} alone", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
         if args.only:
             runs = [(n, fn) for n, fn in runs if any(o in n for o in args.only)]
-        for name, fn in runs:
-            st = stats.setdefault(name, {"words": 0, "wall": 0.0, "decode": 0.0, "rounds": 0, "slower": 0.0,
-                                         "sum": 0.0, "outputs": [], "spec": [0] * len(SPEC_COUNTERS),
-                                         "writers": {},
-                                         **{m.name: [0, 0] for m in models}})
-            # the mixture draws its writers from `seed`: one seed per prompt (only the mixture reads it), else every
-            # answer would have the same writer for its first word, its second, ... and the cost would follow
-            # whichever model that one sequence favours
-            for i, (prompt, cfg) in enumerate(items):
+        for name, _ in runs:
+            stats[name] = {"words": 0, "wall": 0.0, "decode": 0.0, "rounds": 0, "slower": 0.0, "sum": 0.0,
+                           "outputs": [], "spec": [0] * len(SPEC_COUNTERS), "writers": {},
+                           **{m.name: [0, 0] for m in models}}
+        # every method on one prompt before the next prompt, starting one method further on each prompt: a drift of
+        # the machine's speed (another process, the clock) lands on all methods alike instead of on whichever ran
+        # last, and the methods compared below (speculative or not, side by side or not) run minutes apart at most.
+        # The mixture draws its writers from `seed`: one seed per prompt (only the mixture reads it), else every
+        # answer would have the same writer for its first word, its second, ... and the cost would follow whichever
+        # model that one sequence favours
+        for i, (prompt, cfg) in enumerate(items):
+            for name, fn in runs[i % len(runs):] + runs[:i % len(runs)]:
+                st = stats[name]
                 t0 = time.perf_counter()
                 tr = fn(prompt, replace(cfg, seed=i))
                 st["wall"] += time.perf_counter() - t0
@@ -140,8 +144,8 @@ def main(argv=None) -> int:
                     for x in r.steps:
                         if x.mode == "write":
                             st["writers"][x.model] = st["writers"].get(x.model, 0) + r.words
-                for i, key in enumerate(SPEC_COUNTERS):
-                    st["spec"][i] += sum(getattr(x, key) for r in tr.rounds for x in r.steps)
+                for k, key in enumerate(SPEC_COUNTERS):
+                    st["spec"][k] += sum(getattr(x, key) for r in tr.rounds for x in r.steps)
                 for m in tr.models:
                     c, pre = tr.cost(m), tr.prefill[m]
                     st[m][0] += c["forward_passes"] - pre["forward_passes"]
@@ -151,6 +155,8 @@ def main(argv=None) -> int:
                 if sink:
                     sink.write(json.dumps({"task": task, "method": name, "trace": tr.to_dict()}) + "\n")
                     sink.flush()
+            print(f"  {task:8s} prompt {i + 1}/{len(items)} done", file=sys.stderr, flush=True)
+        for name, st in stats.items():
             print(f"  {task:8s} {name:28s} {st['words']:5d} words {st['wall']:7.1f}s", file=sys.stderr, flush=True)
         single = sum(stats[f"{m.name} alone"]["decode"] / max(1, stats[f"{m.name} alone"]["words"])
                      for m in models if f"{m.name} alone" in stats) or float("nan")
