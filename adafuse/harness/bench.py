@@ -36,23 +36,28 @@ def tasks(data: Path, n_trivia: int, n_gsm: int) -> list[tuple[str, str, DecodeC
     return out
 
 
-def quarter_ratio(trace: Trace) -> float | None:
-    """Seconds per word over the last quarter of the words / over the first quarter (decode rounds only)."""
+def quarter_ratio(trace: Trace) -> tuple[float, float, float] | None:
+    """Last quarter of the words ÷ first quarter (decode rounds only): seconds per word, forward passes (all models)
+    per word, seconds per forward pass. The first says whether a word costs more late in a long answer; the other two
+    say whether that is more work per word (the decoder's choices) or dearer work (context, tokenizer)."""
     total = trace.words
     if total < 8:
         return None
     q = total / 4
-    first = last = 0.0
-    w_first = w_last = 0
+    first, last = [0.0, 0, 0], [0.0, 0, 0]  # seconds, words, forward passes
     done = 0
     for r in trace.rounds:
         mid = done + r.words / 2
-        if mid < q:
-            first, w_first = first + r.seconds, w_first + r.words
-        elif mid >= total - q:
-            last, w_last = last + r.seconds, w_last + r.words
+        part = first if mid < q else last if mid >= total - q else None
+        if part is not None:
+            part[0] += r.seconds
+            part[1] += r.words
+            part[2] += sum(x.forward_passes for x in r.steps)
         done += r.words
-    return (last / w_last) / (first / w_first) if w_first and w_last else None
+    if not (first[1] and last[1] and first[2] and last[2]):
+        return None
+    return ((last[0] / last[1]) / (first[0] / first[1]), (last[2] / last[1]) / (first[2] / first[1]),
+            (last[0] / last[2]) / (first[0] / first[2]))
 
 
 def main(argv=None) -> int:
@@ -238,10 +243,10 @@ def main(argv=None) -> int:
     print("'÷ sequential': parallel s/word over the same method's sequential s/word (target: at most 0.7);")
     print("per round: wall ms, the slower model's own seconds ('slower model') and both models' together ('sum').")
     if quarters:
-        print("\nGSM8K answers of 100+ words, s/word last quarter ÷ first quarter:")
+        print("\nGSM8K answers of 100+ words, last quarter ÷ first quarter: s/word (fwd/word, s/fwd):")
         for name, vals in quarters.items():
             vals = [v for v in vals if v is not None]
-            print(f"  {name:28s} " + ", ".join(f"{v:.2f}" for v in vals))
+            print(f"  {name:28s} " + ", ".join(f"{a:.2f} ({b:.2f}, {c:.2f})" for a, b, c in vals))
     return 0
 
 
