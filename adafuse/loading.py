@@ -352,9 +352,6 @@ def _faster(layer: torch.nn.Linear, kind: type, rows: tuple[int, ...]) -> tuple[
     return plain, faster
 
 
-_SDPA = None  # transformers' own SDPA attention, kept when `shared_kv_heads_on_cpu` registers `_grouped_sdpa` over it
-
-
 def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """transformers' SDPA attention, except on CPU with a mask (a batch, several new positions): there each key/value
     head is read in place by the query heads of its group (`enable_gqa`) instead of being copied once per query head
@@ -364,28 +361,29 @@ def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scalin
     Gemma 3 270M unchanged."""
     groups = getattr(module, "num_key_value_groups", 1)
     if query.device.type != "cpu" or attention_mask is None or groups == 1 or kwargs.get("output_attentions"):
-        return _SDPA(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
-                     **kwargs)
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                            dropout_p=dropout, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
 
 
 def shared_kv_heads_on_cpu(model) -> list[str]:
-    """Use `_grouped_sdpa` for transformers' "sdpa" attention in this process (once: it checks the device each call,
-    so models on a GPU are untouched); a note for a CPU model whose attention groups query heads."""
-    global _SDPA
+    """Use `_grouped_sdpa` for transformers' "sdpa" attention in this process; a note for a CPU model whose attention
+    groups query heads. Registered for the whole process (transformers keeps one table of attention functions): it
+    checks the device and the mask on every call, so models on a GPU, calls without a mask and any other Hugging Face
+    model this process runs get transformers' own function or the same numbers; a later registration over "sdpa" by
+    someone else wins. Idempotent, and safe from several loading threads (it never looks up what it replaces)."""
     from transformers import AttentionInterface
-    if _SDPA is None:
-        _SDPA = AttentionInterface._global_mapping["sdpa"]
-        AttentionInterface.register("sdpa", _grouped_sdpa)
+    AttentionInterface.register("sdpa", _grouped_sdpa)
     cfg = getattr(model, "config", None)
     cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
     heads, kv = getattr(cfg, "num_attention_heads", 0), getattr(cfg, "num_key_value_heads", 0) or 0
     if getattr(cfg, "_attn_implementation", None) == "sdpa" and kv and heads > kv and \
             next(model.parameters()).device.type == "cpu":
-        return [f"attention: {heads} query heads read their {kv} key/value head{'s' if kv > 1 else ''} in place on this CPU (no copy per "
-                "query head)"]
+        return [f"attention: {heads} query heads read their {kv} key/value head{'s' if kv > 1 else ''} in place on this "
+                "CPU (no copy per query head)"]
     return []
 
 
@@ -409,10 +407,17 @@ def faster_cpu_linears(model) -> list[str]:
         big = max(inner, key=lambda m: m.weight.numel())
         plain, faster = _faster(big, _CpuInner, (1, 2, 4))
         if faster < 0.85 * plain:
+            # up to 32 positions where W·xᵀ is not clearly slower there (in whole forwards it measured 5–30 % faster
+            # for 5–32 positions on these machines, though a layer alone can time either way: hence the tolerance)
+            wide_plain, wide = _faster(big, _CpuInner, (16, 32))
+            most = _CpuInner.most if wide <= 1.1 * wide_plain else 4
             for m in inner:
                 m.__class__ = _CpuInner
-            notes.append(f"inner layers as W·xᵀ for 1–{_CpuInner.most} positions with {_CpuInner.threads}+ threads "
-                         f"({plain * 1e6:.0f} → {faster * 1e6:.0f} µs for 1 + 2 + 4 rows on the largest)")
+                if most != _CpuInner.most:
+                    m.most = most
+            notes.append(f"inner layers as W·xᵀ for 1–{most} positions with {_CpuInner.threads}+ threads "
+                         f"({plain * 1e6:.0f} → {faster * 1e6:.0f} µs for 1 + 2 + 4 rows on the largest, "
+                         f"{wide_plain * 1e6:.0f} → {wide * 1e6:.0f} µs for 16 + 32)")
     return notes
 
 

@@ -182,6 +182,7 @@ def test_grouped_attention_on_cpu_gives_transformers_numbers_bit_for_bit(pair):
     (`_grouped_sdpa`): a padded batch over a cached prefix gives exactly the logits of transformers' own attention,
     which copies every key/value head once per query head first."""
     from transformers import AttentionInterface, DynamicCache
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from adafuse import loading
     assert AttentionInterface._global_mapping["sdpa"] is loading._grouped_sdpa
     grouped = [lm for lm in pair if any("key/value head" in n for n in lm.notes)]
@@ -201,9 +202,40 @@ def test_grouped_attention_on_cpu_gives_transformers_numbers_bit_for_bit(pair):
                 return lm.model(input_ids=rows, attention_mask=mask, past_key_values=cache, use_cache=True).logits
 
         ours = logits()
-        AttentionInterface.register("sdpa", loading._SDPA)
+        AttentionInterface.register("sdpa", sdpa_attention_forward)
         try:
             theirs = logits()
         finally:
-            AttentionInterface.register("sdpa", loading._grouped_sdpa)
+            loading.shared_kv_heads_on_cpu(lm.model)
         assert torch.equal(ours, theirs), lm.name
+    assert AttentionInterface._global_mapping["sdpa"] is loading._grouped_sdpa
+
+
+def test_grouped_attention_runs_the_grouped_kernel_with_the_callers_scale(monkeypatch):
+    """`_grouped_sdpa` with a mask on CPU hands SDPA the key/value heads as they are (`enable_gqa`, fewer heads than the
+    queries) and the caller's scale, and equals transformers' function; without a mask it is transformers' function."""
+    from types import SimpleNamespace
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from adafuse.loading import _grouped_sdpa
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape[1], k.shape[1], kw.get("enable_gqa", False), kw.get("scale")))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    torch.manual_seed(0)
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    q, k, v = torch.randn(2, 6, 3, 8), torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)
+    mask = torch.ones(2, 1, 3, 10, dtype=torch.bool).tril(7)
+    mask[1, :, :, 2] = False
+    ours, _ = _grouped_sdpa(module, q, k, v, mask, dropout=0.0, scaling=0.3)
+    assert seen == [(6, 2, True, 0.3)]
+    theirs, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=0.3)
+    assert seen[1][:3] == (6, 6, False)  # transformers copied the heads
+    assert torch.equal(ours, theirs)
+    assert not torch.equal(ours, _grouped_sdpa(module, q, k, v, mask, dropout=0.0, scaling=None)[0])
+    seen.clear()
+    plain, _ = _grouped_sdpa(module, q, k, v, None, dropout=0.0, scaling=0.3)
+    assert seen == [(6, 2, True, 0.3)] and plain.shape == ours.shape  # no mask: transformers' own (grouped) call

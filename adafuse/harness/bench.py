@@ -95,6 +95,7 @@ def main(argv=None) -> int:
         for _ in AdaFuse(models, replace(work[0][2], max_new_words=8), tau=0.7, **kw).start(work[0][1]):
             pass
     rows, quarters, peaks, selecting, speculating, mixing = [], {}, {}, [], [], []
+    order: list[str] = []  # every method's name, in the table's order
     sink = args.out.open("w") if args.out else None
     for task in ("triviaqa", "gsm8k"):
         items = [(prompt, cfg) for t, prompt, cfg in work if t == task]
@@ -123,6 +124,7 @@ def main(argv=None) -> int:
         runs += [(f"{lm.name} alone", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
         if args.only:
             runs = [(n, fn) for n, fn in runs if any(o in n for o in args.only)]
+        order += [name for name, _ in runs if name not in order]
         for name, _ in runs:
             stats[name] = {"words": 0, "wall": 0.0, "decode": 0.0, "rounds": 0, "slower": 0.0, "sum": 0.0,
                            "outputs": [], "spec": [0] * len(SPEC_COUNTERS), "writers": {},
@@ -244,8 +246,8 @@ def main(argv=None) -> int:
     print("per round: wall ms, the slower model's own seconds ('slower model') and both models' together ('sum').")
     if quarters:
         print("\nGSM8K answers of 100+ words, last quarter ÷ first quarter: s/word (fwd/word, s/fwd):")
-        for name, vals in quarters.items():
-            vals = [v for v in vals if v is not None]
+        for name in sorted(quarters, key=order.index):  # the table's order (the first to reach 100 words varies)
+            vals = [v for v in quarters[name] if v is not None]
             print(f"  {name:28s} " + ", ".join(f"{a:.2f} ({b:.2f}, {c:.2f})" for a, b, c in vals))
     return 0
 
