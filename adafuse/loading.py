@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .errors import ModelLoadError, ModelNotFoundError
 
@@ -361,7 +362,6 @@ def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scalin
     Gemma 3 270M unchanged."""
     groups = getattr(module, "num_key_value_groups", 1)
     if query.device.type != "cpu" or attention_mask is None or groups == 1 or kwargs.get("output_attentions"):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
