@@ -254,3 +254,16 @@ def test_the_mixture_takes_turns_on_a_shared_cpu_unless_side_by_side_is_asked_fo
     assert both.trace.output == turns.trace.output and \
         [r.text for r in both.trace.rounds] == [r.text for r in turns.trace.rounds]
 
+
+
+def test_the_benchmark_prints_the_floor_side_by_side_cannot_go_below(pair):
+    import re
+    from adafuse.harness.bench import side_by_side_floor
+    before = torch.get_num_threads()
+    lines = side_by_side_floor(pair, context=32, steps=2)
+    assert torch.get_num_threads() == before  # the measurement's thread settings do not leak into the process
+    steps = [tuple(float(x) for x in re.findall(r"([\d.]+) ms on", ln)) for ln in lines[1:-1]]
+    assert [ln.split(":")[0].strip() for ln in lines[1:-1]] == [m.name for m in pair] and all(len(s) == 2 for s in steps)
+    seq, floor = sum(a for a, _ in steps), max(b for _, b in steps)  # every core one after another; one core each
+    ratio = float(re.search(r"= ([\d.]+)×", lines[-1]).group(1))
+    assert ratio == pytest.approx(floor / seq, abs=0.011)

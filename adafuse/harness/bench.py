@@ -60,6 +60,43 @@ def quarter_ratio(trace: Trace) -> tuple[float, float, float] | None:
             (last[0] / last[2]) / (first[0] / first[2]))
 
 
+def side_by_side_floor(models, context: int = 500, steps: int = 16) -> list[str]:
+    """Lines saying the most side by side can gain on this machine's CPU for a decode made of single-token steps (most
+    of a round): side by side, a round takes at least the slower model's steps on its share of the cores; one after
+    another, the models' steps on every core, added up. Each model's step at `context` tokens, best of three runs of
+    `steps` steps."""
+    from ..parallel import cpu_threads_per_model
+    share, every = cpu_threads_per_model(len(models)), torch.get_num_threads()
+
+    def step_seconds(lm, threads: int) -> float:
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            best = float("inf")
+            with torch.inference_mode():
+                for _ in range(3):  # a fresh prefix each time (sliding-window layers cannot be cropped back)
+                    cache = lm.model(input_ids=torch.arange(100, 100 + context)[None], use_cache=True,
+                                     logits_to_keep=1).past_key_values
+                    t0 = time.perf_counter()
+                    for t in range(steps):
+                        lm.model(input_ids=torch.tensor([[200 + t]]), past_key_values=cache, use_cache=True,
+                                 logits_to_keep=1)
+                    best = min(best, (time.perf_counter() - t0) / steps)
+            return best
+        finally:
+            torch.set_num_threads(old)
+
+    alone = {lm.name: (step_seconds(lm, every), step_seconds(lm, share)) for lm in models}
+    seq, floor = sum(a for a, _ in alone.values()), max(b for _, b in alone.values())
+    lines = [f"Side by side's floor on this CPU (single-token steps at {context} tokens, ms per step; {every} thread(s) "
+             f"one after another, {share} each side by side):"]
+    lines += [f"  {name}: {1000 * a:.1f} ms on {every} thread(s), {1000 * b:.1f} ms on {share}"
+              for name, (a, b) in alone.items()]
+    lines.append(f"  one after another {1000 * seq:.1f} ms a step for the pair; side by side at best the slower model's "
+                 f"{1000 * floor:.1f} ms = {floor / seq:.2f}× (the '÷ sequential' column cannot go below this)")
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m adafuse.harness.bench", description=__doc__)
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with triviaqa/ and gsm8k/")
@@ -89,6 +126,7 @@ def main(argv=None) -> int:
         methods[f"AdaFuse B={b} speculative spans-only sequential"] = dict(branches=b, parallel=False, speculate=True,
                                                                            draft_lookup=False)
     work = tasks(args.data, args.trivia, args.gsm8k)
+    floor = side_by_side_floor(models) if all(m.device.type == "cpu" for m in models) and len(models) > 1 else []
     # one untimed decode first: the first decode of a process pays one-time costs (allocator, first kernels, the
     # prompt's prefix), which would otherwise land on whichever method the table lists first
     for kw in (dict(parallel=False), dict(parallel=True)):
@@ -244,6 +282,9 @@ def main(argv=None) -> int:
     print("'÷ mean single': over the mean of the two single models' s/word (ME's target: at most 1.2);")
     print("'÷ sequential': parallel s/word over the same method's sequential s/word (target: at most 0.7);")
     print("per round: wall ms, the slower model's own seconds ('slower model') and both models' together ('sum').")
+    if floor:
+        print()
+        print("\n".join(floor))
     if quarters:
         print("\nGSM8K answers of 100+ words, last quarter ÷ first quarter: s/word (fwd/word, s/fwd):")
         for name in sorted(quarters, key=order.index):  # the table's order (the first to reach 100 words varies)
