@@ -239,3 +239,29 @@ def test_grouped_attention_runs_the_grouped_kernel_with_the_callers_scale(monkey
     seen.clear()
     plain, _ = _grouped_sdpa(module, q, k, v, None, dropout=0.0, scaling=0.3)
     assert seen == [(6, 2, True, 0.3)] and plain.shape == ours.shape  # no mask: transformers' own (grouped) call
+
+
+def test_the_issues_de_en_example_ends_as_one_event_scored_by_the_end_alone(pair):
+    """Issue 14's example (Flores De→En, data line 3): the pool held `"\\n\\nGerman:"`, scored over the format it
+    continues into, and the answer came out empty. Now the end of the answer is one candidate whose NLL under each
+    model is -log Σ p(end tokens and tokens that start the stop) at the start of the answer, nothing after it."""
+    from adafuse.session import LocalSession
+    from tests.test_speculate import flores_prompt
+    prompt, stop = flores_prompt(2), ("\n",)
+    tr = AdaFuse(pair, DecodeConfig(stop=stop, max_new_words=3)).generate(prompt)
+    pool = tr.rounds[0].candidates
+    assert all("\n" not in c.text for c in pool)  # no text past the stop is scored
+    ends = [c for c in pool if c.eos]
+    assert len(ends) == 1 and ends[0].text == ""  # one entry however each model spells the end
+    for lm in pair:
+        s = LocalSession(lm, prompt, stop=stop)
+        assert len(s.end_ids) > 1  # the end tokens and the newline-starting ones, pooled
+        expected = -torch.logsumexp(s.next_logprobs[sorted(s.end_ids)], dim=0).item()
+        assert ends[0].n_tokens[lm.name] == 1
+        assert ends[0].nll[lm.name] == pytest.approx(expected, abs=tolerance(lm.dtype))
+        assert ends[0].end_term[lm.name] == pytest.approx(-expected, abs=tolerance(lm.dtype))
+    # With equal weights the end wins on the end event alone (SmolLM2 gives ending ~14 %, Gemma ~3 %): docs/results.md
+    # counts these empties. With the strong model weighted more (issue 12) the example is answered.
+    weighted = AdaFuse(pair, DecodeConfig(stop=stop, max_new_words=3, weights=(1, 9))).generate(prompt)
+    check_trace(weighted)
+    assert weighted.output.startswith(" Some")
