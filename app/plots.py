@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import math
 
 import pandas as pd
 
@@ -52,6 +53,31 @@ def _descriptions(tips: dict[str, str]) -> str:
     return '<div class="af-sr">' + "".join(f'<span id="{i}">{html.escape(t)}</span>' for i, t in tips.items()) + "</div>"
 
 
+def empty_answer_note(trace: Trace) -> str:
+    """Why an answer came out empty, from its first round: the end of the answer won before the first word (a model
+    put much probability on ending), what it scored against the best word, and whose weight would change it."""
+    r = trace.rounds[0] if trace.rounds else None
+    end = r.candidates[r.chosen] if r else None
+    if end is None or not end.eos or end.text.strip():
+        return "(empty)"
+    if r.overridden:
+        return "(empty: the end of the answer was picked by hand in round 0)"
+    if len(r.candidates) == 1 or end.fused is None:
+        return "(empty: every model proposed to end the answer before its first word)"
+    words = [c for c in r.candidates if not c.eos and c.fused is not None]
+    best = min(words, key=lambda c: c.fused) if words else None
+    p_end = {m: math.exp(-v) for m, v in end.nll.items() if v is not None and end.n_tokens.get(m) == 1}
+    out = f"(empty: in round 0 the end of the answer scored {end.fused:.2f}"
+    if best is not None:
+        out += f", lower than every word (best {best.text.strip()!r} at {best.fused:.2f})"
+    if p_end:
+        out += "; the answer ends here with p " + ", ".join(f"{v:.2g} under {m}" for m, v in p_end.items())
+        keen = min(p_end, key=p_end.get)
+        if len(p_end) > 1 and max(p_end.values()) > 2 * p_end[keen]:
+            out += f". Weigh {keen} more (Model weights) to hear its answer"
+    return out + ". The Pool tab shows the round.)"
+
+
 def fused_html(trace: Trace | None, pending: Round | None = None) -> str:
     """The fused output, each round's span coloured and underlined by its kind; hover or focus (Tab) shows its
     round, margins and score. The legend lists only the kinds present."""
@@ -78,7 +104,8 @@ def fused_html(trace: Trace | None, pending: Round | None = None) -> str:
     raw = [m for m, mode in trace.prompt_modes.items() if mode.startswith("raw (")]
     if raw and trace.settings.get("mode") == "chat":
         stop += f" · read raw (no chat template): {', '.join(raw)}"
-    return (f'<div class="af-out">{"".join(parts) or "<i>(empty)</i>"}</div>{_descriptions(tips)}'
+    empty = f"<i>{html.escape(empty_answer_note(trace))}</i>"
+    return (f'<div class="af-out">{"".join(parts) or empty}</div>{_descriptions(tips)}'
             f'<div class="af-legend">{legend}{" · " if legend else ""}{len(trace.rounds)} rounds · '
             f'{trace.words} words{stop} · Tab through the text for each round\'s details</div>')
 

@@ -111,6 +111,30 @@ def test_fused_html_marks_kinds_and_escapes():
     assert 'title="round 1' in out
 
 
+def empty_trace(**round_kw) -> Trace:
+    """Issue 14's De→En example: the end of the answer (one event per model) wins round 0 over every word."""
+    steps = [ModelStep("smollm2", "explore", [0.02], [0, 1], 2, 6, 0.2), ModelStep("gemma", "explore", [0.23], [2], 2, 6, 0.3)]
+    pool = [Candidate("", True, ["smollm2"], {"smollm2": 1.95, "gemma": 3.61}, {"smollm2": 1, "gemma": 1}, 2.78, 0),
+            Candidate(" The", False, ["smollm2"], {"smollm2": 2.96, "gemma": 3.76}, {"smollm2": 1, "gemma": 1}, 3.36, 1),
+            Candidate(" A", False, ["gemma"], {"smollm2": 3.6, "gemma": 2.64}, {"smollm2": 1, "gemma": 1}, 3.12, 1)]
+    r0 = Round(0, steps, pool, 0, 0, "", 0, 0.5, stop="end of answer", **round_kw)
+    return Trace("Q", ["smollm2", "gemma"], {"tau": 0.7}, {"smollm2": "raw", "gemma": "raw"}, [r0], "",
+                 stop_reason="end of answer")
+
+
+def test_an_empty_answer_says_why_it_ended_before_its_first_word():
+    out = plots.fused_html(empty_trace())
+    assert "(empty)" not in out
+    assert "the end of the answer scored 2.78, lower than every word (best &#x27;A&#x27; at 3.12)" in out
+    assert "p 0.14 under smollm2, 0.027 under gemma" in out  # exp(-NLL) of the one end event
+    assert "Weigh gemma more (Model weights)" in out and "Pool tab" in out
+    assert "hand" in plots.fused_html(empty_trace(overridden=True))  # picked in step mode: nothing to explain
+    t = empty_trace()
+    t.rounds[0].candidates = t.rounds[0].candidates[:1]  # the end was all the models proposed
+    assert "every model proposed to end" in plots.fused_html(t)
+    assert plots.empty_answer_note(trace()) == "(empty)"  # an answer that has text (or a round without the end)
+
+
 def test_round_table_and_cost():
     rows = round_rows(trace())
     assert [r["kind"] for r in rows] == ["commit", "override"]
