@@ -114,7 +114,8 @@ def test_fused_html_marks_kinds_and_escapes():
 def empty_trace(**round_kw) -> Trace:
     """Issue 14's De→En example: the end of the answer (one event per model) wins round 0 over every word."""
     steps = [ModelStep("smollm2", "explore", [0.02], [0, 1], 2, 6, 0.2), ModelStep("gemma", "explore", [0.23], [2], 2, 6, 0.3)]
-    pool = [Candidate("", True, ["smollm2"], {"smollm2": 1.95, "gemma": 3.61}, {"smollm2": 1, "gemma": 1}, 2.78, 0),
+    pool = [Candidate("", True, ["smollm2"], {"smollm2": 1.95, "gemma": 3.61}, {"smollm2": 1, "gemma": 1}, 2.78, 0,
+                      end_term={"smollm2": -1.95, "gemma": -3.61}),
             Candidate(" The", False, ["smollm2"], {"smollm2": 2.96, "gemma": 3.76}, {"smollm2": 1, "gemma": 1}, 3.36, 1),
             Candidate(" A", False, ["gemma"], {"smollm2": 3.6, "gemma": 2.64}, {"smollm2": 1, "gemma": 1}, 3.12, 1)]
     r0 = Round(0, steps, pool, 0, 0, "", 0, 0.5, stop="end of answer", **round_kw)
@@ -125,14 +126,32 @@ def empty_trace(**round_kw) -> Trace:
 def test_an_empty_answer_says_why_it_ended_before_its_first_word():
     out = plots.fused_html(empty_trace())
     assert "(empty)" not in out
-    assert "the end of the answer scored 2.78, lower than every word (best &#x27;A&#x27; at 3.12)" in out
-    assert "p 0.14 under smollm2, 0.027 under gemma" in out  # exp(-NLL) of the one end event
-    assert "Weigh gemma more (Model weights)" in out and "Pool tab" in out
+    assert ("the end of the answer scored 2.78, no higher than every candidate with text (best &quot; A&quot; at 3.12)"
+            in out)
+    assert "p 0.14 under smollm2, 0.027 under gemma" in out  # exp of each model's end term (one event)
+    assert "Weigh gemma more (Model weights), or the others less" in out and "Pool tab" in out
     assert "hand" in plots.fused_html(empty_trace(overridden=True))  # picked in step mode: nothing to explain
     t = empty_trace()
-    t.rounds[0].candidates = t.rounds[0].candidates[:1]  # the end was all the models proposed
-    assert "every model proposed to end" in plots.fused_html(t)
+    t.rounds[0].candidates = t.rounds[0].candidates[:1]  # the end was all that was proposed (e.g. the mixture's writer)
+    assert "smollm2 proposed to end the answer before its first word, and nothing else" in plots.fused_html(t)
     assert plots.empty_answer_note(trace()) == "(empty)"  # an answer that has text (or a round without the end)
+    t = empty_trace()  # a one-word answer that also ends counts as a candidate with text
+    t.rounds[0].candidates.append(Candidate(" Yes.", True, ["gemma"], {"smollm2": 3.0, "gemma": 3.0},
+                                            {"smollm2": 2, "gemma": 2}, 3.0, 1))
+    assert "(best &quot; Yes. ⏎ end&quot; at 3.00)" in plots.fused_html(t)
+
+
+def test_the_empty_answer_note_advises_weights_only_where_they_could_change_it():
+    t = empty_trace()
+    for c in t.rounds[0].candidates[1:]:
+        c.nll["gemma"] = 4.0  # gemma too prefers ending to every word: no weight makes a word win
+    assert "Weigh" not in plots.empty_answer_note(t)
+    gated = empty_trace(features={"smollm2": [0.0], "gemma": [0.0]})  # the gate, not the sliders, set the weights
+    assert "learned gate set this round's weights" in plots.empty_answer_note(gated)
+    assert "Weigh" not in plots.empty_answer_note(gated)
+    union = empty_trace()
+    union.settings["method"] = "token-union"  # its score ignores weights
+    assert "Weigh" not in plots.empty_answer_note(union) and "p 0.14" in plots.empty_answer_note(union)
 
 
 def test_round_table_and_cost():
