@@ -263,6 +263,21 @@ def test_empty_prompt_shows_an_error(page):
     pg.screenshot(path=str(SHOTS / "empty-prompt.png"), full_page=True)
 
 
+def test_an_empty_answer_says_why_in_its_place(page):
+    """Issue 14's De→En example (data line 3) with equal weights: the end of the answer wins round 0, and the page says
+    so where the answer would be, with the numbers and whose weight to raise."""
+    from tests.test_speculate import flores_prompt
+    pg = page
+    fresh(pg, "Translate · German → English", "Wetter")  # raw mode, stop \n
+    pg.locator("#af-prompt textarea").fill(flores_prompt(2))
+    pg.locator("#af-run").click()
+    wait_status(pg, "✓ done")
+    shown = pg.locator("#af-fused .af-out").inner_text()
+    assert "in round 0 the end of the answer scored" in shown and "no higher than every candidate with text" in shown
+    assert "under smollm2-135m-instruct" in shown and "Weigh gemma3-270m more (Model weights)" in shown, shown
+    pg.screenshot(path=str(SHOTS / "empty-answer.png"), full_page=True)
+
+
 def test_decision_tree_branches_and_token_view(page):
     """Clicking a candidate that was not chosen branches a new decode from there, shown beside the original; the
     token view shows how each model tokenized a candidate."""
