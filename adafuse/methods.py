@@ -31,6 +31,7 @@ class Method:
     scores = True     # the pool is scored by every model
     lazy = False      # models that did not act this round catch up later (when next drawn, or in the background)
     overlaps = True   # models sharing the CPU may run side by side (False: one works at a time, they take turns)
+    weighted = True   # `DecodeConfig.weights` (or a gate) enters the fused score of the pool
 
     def start(self, d: "Decoding") -> None:
         """Per-decode state (random generators)."""
@@ -111,6 +112,7 @@ class FixedSpan(Method):
 
 class Greedy(Method):
     """One model alone, word by word, through the same machinery."""
+    weighted = False  # one model, one candidate a round
 
     def propose(self, d, s, budget):
         cfg = d.config
@@ -128,6 +130,7 @@ class Mixture(Method):
     scores = False
     lazy = True
     overlaps = False
+    weighted = False  # the weights draw the writer; nothing is scored
 
     def start(self, d):
         d.rng = random.Random(d.config.seed)
@@ -170,6 +173,7 @@ def writer(u: float, count: int, weights) -> int:
 class TokenUnion(Method):
     """UniTE-style: the union (by decoded text) of every model's top-k next tokens, each scored by the probability
     every model gives that text as one token (0 if it cannot), averaged over models."""
+    weighted = False  # a plain mean of probabilities
 
     def round(self, d):
         k = d.config.union_top_k

@@ -8,6 +8,7 @@ import pandas as pd
 
 from adafuse.harness.figures import (KIND_COLORS, KIND_NAMES, MODEL_COLORS, cost_figure, empty_figure,  # noqa: F401
                                      margins_figure, pool_figure, words_per_round_figure)
+from adafuse.methods import METHODS
 from adafuse.report import candidate_label, cost_rows, round_rows
 from adafuse.selection import selection_rows
 from adafuse.trace import Round, Trace
@@ -53,9 +54,6 @@ def _descriptions(tips: dict[str, str]) -> str:
     return '<div class="af-sr">' + "".join(f'<span id="{i}">{html.escape(t)}</span>' for i, t in tips.items()) + "</div>"
 
 
-WEIGHTED_METHODS = ("adafuse", "beam", "fixed-span")  # the methods whose fused score the weights enter
-
-
 def empty_answer_note(trace: Trace) -> str:
     """Why an answer came out empty, from its first round: the end of the answer won before the first word, what it
     scored against the best candidate with text, each model's probability of ending there, and (where weights enter
@@ -84,7 +82,7 @@ def empty_answer_note(trace: Trace) -> str:
                                             and c.nll[keen] < end.nll[keen] for c in texts)
     if r.features:
         out += ". The learned gate set this round's weights"
-    elif prefers_text and trace.settings.get("method", "adafuse") in WEIGHTED_METHODS:
+    elif prefers_text and getattr(METHODS.get(trace.settings.get("method", "adafuse")), "weighted", False):
         out += f". Weigh {keen} more (Model weights), or the others less, to hear its answer"
     return out + ". The Pool tab shows the round.)"
 
@@ -115,8 +113,8 @@ def fused_html(trace: Trace | None, pending: Round | None = None) -> str:
     raw = [m for m, mode in trace.prompt_modes.items() if mode.startswith("raw (")]
     if raw and trace.settings.get("mode") == "chat":
         stop += f" · read raw (no chat template): {', '.join(raw)}"
-    empty = f"<i>{html.escape(empty_answer_note(trace))}</i>"
-    return (f'<div class="af-out">{"".join(parts) or empty}</div>{_descriptions(tips)}'
+    text = "".join(parts) or f"<i>{html.escape(empty_answer_note(trace))}</i>"  # built only for an empty answer
+    return (f'<div class="af-out">{text}</div>{_descriptions(tips)}'
             f'<div class="af-legend">{legend}{" · " if legend else ""}{len(trace.rounds)} rounds · '
             f'{trace.words} words{stop} · Tab through the text for each round\'s details</div>')
 
