@@ -70,6 +70,12 @@ def weighted(task: str) -> list[str]:
     return out
 
 
+# issue 12: static weights from equal to Gemma alone, scored on the reported Flores examples themselves. Not a
+# selection (adafuse+weights is chosen on training lines): it asks whether any static weight could meet the target.
+SWEEP = ([f"adafuse[weights=1/{w}]" for w in (2, 3, 5, 15, 30)]
+         + [f"adafuse[weights=1/{w},normalize=word]" for w in (1, 3, 30)])
+
+
 def jobs(n_qa: int, n_gsm: int, n_mt: int) -> list[tuple[str, int, list[str], list[str]]]:
     """(task, limit, methods, extra args), roughly longest first."""
     gsm = ["--max-new-words", "120"]
@@ -86,6 +92,7 @@ def jobs(n_qa: int, n_gsm: int, n_mt: int) -> list[tuple[str, int, list[str], li
     out += [(task, n, [m], gsm if task == "gsm8k" else []) for task, n in
             (("flores-de-en", n_mt), ("flores-en-de", n_mt), ("squad", n_qa), ("nq", n_qa), ("triviaqa", n_qa),
              ("gsm8k", n_gsm)) for m in weighted(task)]
+    out += [(task, n_mt, [m], []) for task in ("flores-en-de", "flores-de-en") for m in SWEEP]
     return out
 
 

@@ -361,10 +361,66 @@ def _exploration(rows, per_ex, tasks, figs: Path, obs: list[str]) -> list[str]:
 
 
 GATES = Path(__file__).resolve().parents[2] / "assets" / "gates"
-WEIGHTED = ("adafuse+weights", "adafuse+gate", "adafuse+tuned")
+WEIGHTED = ("adafuse+weights", "adafuse+gate", "adafuse+tuned", "adafuse+per-task")
 
 
-def _gates(rows, per_ex, summary, table, tasks, singles, results: Path, figs: Path, obs: list[str]) -> list[str]:
+PER_TASK = "adafuse+per-task"
+
+
+def per_task_choice(results: Path, task: str) -> dict | None:
+    """The static weighting chosen for a task on training lines: from the task's own searches per token and per word
+    (gate/search-<task>-token.json and -word.json, `gate search` on that task alone) where both exist, else its
+    family's (gate/normalize-<family>.json). {"ratio": first ÷ second weight, "normalize", "weights", "reward",
+    "source"}; None where neither exists."""
+    own = [results / "gate" / f"search-{task}-{n}.json" for n in ("token", "word")]
+    if all(p.exists() for p in own):
+        cands = []
+        for p in own:
+            res = json.loads(p.read_text())
+            for i, row in enumerate(res["grid"]):
+                cands.append((row["reward"], res["normalize"] == "token", -i, row["weights"], res["normalize"],
+                              res["examples"], p.name))
+        reward, _, _, w, norm, n, src = max(cands)
+    else:
+        fam = results / "gate" / f"normalize-{'mt' if TASKS[task].metric == 'translation' else 'qa'}.json"
+        if not fam.exists():
+            return None
+        res = json.loads(fam.read_text())
+        w, norm, n, src = res["weights"], res["chosen"], res["examples"], fam.name
+        reward = res[norm]
+    if len(w) != 2 or w[1] <= 0:
+        return None
+    return {"ratio": w[0] / w[1], "normalize": norm, "weights": list(w), "reward": reward, "examples": n,
+            "source": src}
+
+
+def per_task_rows(rows: list[dict], results: Path) -> tuple[list[dict], dict[str, dict]]:
+    """`adafuse+per-task`: for each task, the rows of the run decoded with the static weighting chosen for that task
+    on training lines (`per_task_choice`) — no decode of its own: the decoder is deterministic, so a run with the same
+    settings is that method's run. Returns the rows (relabelled, `from` naming the run) and per task the choice."""
+    runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        runs[(r["task"], r["method"])].append(r)
+    out, chosen = [], {}
+    for task in sorted({t for t, _ in runs}):
+        pick = per_task_choice(results, task) if task in TASKS else None
+        if pick is None:
+            continue
+        full = max(len(v) for (t, _), v in runs.items() if t == task)
+        for (t, label), items in sorted(runs.items()):
+            keys = {static_weighting(r["trace"]["settings"]) for r in items}
+            if t != task or label == PER_TASK or len(items) < full or len(keys) != 1:
+                continue
+            key = next(iter(keys))
+            if key and abs(key[0] - pick["ratio"]) < 1e-9 and key[1] == pick["normalize"]:
+                out += [{**r, "method": PER_TASK, "from": label} for r in items]
+                chosen[task] = {**pick, "run": label}
+                break
+    return out, chosen
+
+
+def _gates(rows, per_ex, summary, table, tasks, singles, results: Path, figs: Path, obs: list[str],
+           per_task: dict | None = None) -> list[str]:
     """Issue 12: static weights and the learned gate against plain AdaFuse and the better single model."""
     have = [m for m in WEIGHTED if any((t, m) in per_ex for t in tasks)]
     if not have or not singles:
@@ -382,14 +438,20 @@ def _gates(rows, per_ex, summary, table, tasks, singles, results: Path, figs: Pa
     search = []
     for path in sorted(results.glob("gate/search-*.json")):
         res = json.loads(path.read_text())
+        own = next((c for t, c in (per_task or {}).items()  # one task's own search: chosen across token and word
+                    if path.stem in (f"search-{t}-token", f"search-{t}-word")), None)
         for row in res["grid"]:
+            chosen = (own["source"] == path.name and own["weights"] == row["weights"]) if own \
+                else row["weights"] == res["best"]
             search.append({"search": path.stem.removeprefix("search-"), "tasks": ", ".join(res["tasks"]),
+                           "NLL averaged per": res.get("normalize", "token"),
                            "weights (" + " / ".join(res["models"]) + ")": " / ".join(f"{w:g}" for w in row["weights"]),
                            "mean reward": round(row["reward"], 4), "examples": res["examples"],
-                           "chosen": "✓" if row["weights"] == res["best"] else ""})
+                           "chosen": "✓" if chosen else ""})
     if search:
-        out += ["Static weights tried on the training examples (reward: token F1 for QA, chrF/100 for translation):",
-                "", _markdown(search), ""]
+        out += ["Static weights tried on the training examples (reward: token F1 for QA, chrF/100 for translation; "
+                "a task's own searches, per token and per word, choose one weighting between them for "
+                f"`{PER_TASK}`):", "", _markdown(search), ""]
     norms = []
     for path in sorted(results.glob("gate/normalize-*.json")):
         res = json.loads(path.read_text())
@@ -402,6 +464,16 @@ def _gates(rows, per_ex, summary, table, tasks, singles, results: Path, figs: Pa
                 "tokens (the paper) or over its words (the end of the answer counting as one), whichever scored better "
                 "on the family's training examples — tried after the traces showed why the weighted methods trail "
                 "the strong model on Flores (below):", "", _markdown(norms), ""]
+    picks = [{"task": t, "weights": " / ".join(f"{w:g}" for w in c["weights"]), "NLL averaged per": c["normalize"],
+              "training reward": round(c["reward"], 4), "training examples": c["examples"],
+              "chosen in": f"results/gate/{c['source']}", "reported run with these settings": c["run"]}
+             for t, c in (per_task or {}).items() if t in tasks]
+    if picks:
+        out += [f"`{PER_TASK}`: static weights and NLL averaging chosen for each task on its own training lines where "
+                "the task has its own searches (`gate search --task TASK --normalize token|word`; the Flores "
+                "directions), else its family's choice (`adafuse+tuned`'s). It decodes nothing of its own: the decoder "
+                "is deterministic, so each task's cells are the reported run decoded with exactly those settings, "
+                "named in the last column:", "", _markdown(picks), ""]
     gates, fig = [], go.Figure()
     for path in sorted(GATES.glob("*.json")):
         g = json.loads(path.read_text())
@@ -457,8 +529,9 @@ def _gates(rows, per_ex, summary, table, tasks, singles, results: Path, figs: Pa
     if shares:
         out += ["The gate's weight share per model (rounds with a scored pool, reported examples):", "",
                 _markdown(shares), ""]
+    out += _gate_start(rows, per_ex, summary, tasks, obs)
     strong = best.removeprefix("greedy:")
-    why = _departures(rows, tasks, have, strong)
+    why = _departures(rows, tasks, [m for m in have if m != PER_TASK], strong)  # per-task: another run's rows
     for w in why:  # why a weighted method trails the strong model on translation, in the traces' numbers
         left = int(w[f"left {strong}'s word"].split()[0])
         obs.append(f"- Why {w['method']} trails {strong} on {w['task']} (from the traces): it leaves {strong}'s own "
@@ -476,6 +549,7 @@ def _gates(rows, per_ex, summary, table, tasks, singles, results: Path, figs: Pa
                 "lower than of its first proposal; 'kept by a sum': a summed, not averaged, NLL of the strong model "
                 "would have kept its first proposal):", "", _markdown(why), ""]
     out += _judge(per_ex, summary, tasks, best, obs)
+    out += _sweep(rows, per_ex, summary, tasks, best, figs, obs)
     # paired differences and the targets
     pair_rows = []
     for t in tasks:
@@ -547,6 +621,124 @@ def _judge(per_ex, summary, tasks, best: str, obs: list[str]) -> list[str]:
             _markdown(rows), ""]
 
 
+def _gate_start(rows, per_ex, summary, tasks, obs: list[str]) -> list[str]:
+    """What training did to each gate, on the reported examples: a gate starts from static weights (W = 0, b = log w,
+    `trained.init`) with its NLL averaging, so the reported run with those static settings is the gate before its
+    first step; the gate's rows against that run, task by task."""
+    table = []
+    for t in tasks:
+        gated = [r for r in rows if r["task"] == t and r["method"] == "adafuse+gate"]
+        paths = {r["trace"]["settings"].get("gate") for r in gated}
+        if not gated or len(paths) != 1:
+            continue
+        path = GATES.parents[1] / next(iter(paths))
+        if not path.exists():
+            continue
+        tr = json.loads(path.read_text()).get("trained", {})
+        init = tr.get("init") or [1.0, 1.0]
+        if len(init) != 2:
+            continue
+        key = (init[0] / init[1], tr.get("normalize", "token"))
+        start = next((m for (tt, m) in sorted(per_ex) if tt == t and m not in ("adafuse+gate", PER_TASK)
+                      and len(per_ex[(tt, m)]) >= len(gated)
+                      and {static_weighting(r["trace"]["settings"]) for r in rows
+                           if r["task"] == t and r["method"] == m} == {key}), None)
+        if start is None:
+            continue
+        a, b = _score(summary, t, start), _score(summary, t, "adafuse+gate")
+        d = paired_difference(per_ex[(t, "adafuse+gate")], per_ex[(t, start)])
+        table.append({"task": t, "gate": str(path.relative_to(GATES.parents[1])),
+                      "its start (weights, NLL per)": f"{init[0]:g} / {init[1]:g}, {key[1]}", "run at the start": start,
+                      "score at the start": a, "score trained": b,
+                      "trained − start": f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] "
+                                         f"{d['wins']}/{d['ties']}/{d['losses']}"})
+    if not table:
+        return []
+    obs.append("- What training did to the gates on the reported examples (each against the static weights it "
+               "started from): " + "; ".join(f"{r['task']} {r['score at the start']:.2f} → {r['score trained']:.2f} "
+                                             f"({r['trained − start']})" for r in table) + ".")
+    return ["What training did, on the reported examples: a gate starts as static weights (W = 0, b = log w, with "
+            "its NLL averaging), so the reported run with exactly those settings is the gate before its first step. "
+            "This compares on the same held-out examples, unlike the training curve, whose steps are different "
+            "training examples:", "", _markdown(table), ""]
+
+
+PLAIN = {"tau": 0.7, "max_words": 3, "branches": 3, "diversity": True, "exploration": "surface", "method": "adafuse"}
+
+
+def static_weighting(settings: dict) -> tuple[float, str] | None:
+    """(the first model's weight ÷ the second's, how NLL is averaged) of an AdaFuse run with static weights and the
+    default τΔ, M, B and exploration; None for anything else (a gate, another method or setting, not two weights)."""
+    if any(settings.get(k) != v for k, v in PLAIN.items()) or settings.get("gate"):
+        return None
+    w = settings.get("weights") or [1.0, 1.0]
+    if len(w) != 2 or w[1] <= 0:
+        return None
+    return w[0] / w[1], settings.get("normalize") or "token"
+
+
+def _sweep(rows, per_ex, summary, tasks, best: str, figs: Path, obs: list[str]) -> list[str]:
+    """Every static weighting run on the reported translation examples (plain AdaFuse, adafuse+weights, +tuned, +judge
+    and the sweep of experiments/run.py), ordered from equal weights to the strong model alone: whether any static
+    weight could meet the target, chosen with hindsight on the very examples it is scored on."""
+    strong = best.removeprefix("greedy:")
+    found: dict[tuple[str, float, str], str] = {}
+    for r in rows:
+        t = r["task"]
+        if not t.startswith("flores") or r["method"] == PER_TASK or r["trace"]["models"][-1:] != [strong]:
+            continue
+        key = static_weighting(r["trace"]["settings"])
+        if key is not None:
+            found.setdefault((t, *key), r["method"])
+    table, fig, notes = [], go.Figure(), []
+    for t in tasks:
+        ref = _score(summary, t, best)
+        mine = sorted({(ratio, norm) for tt, ratio, norm in found if tt == t}, key=lambda k: -k[0])
+        if ref is None or len(mine) < 3:
+            continue
+        for norm in ("token", "word"):
+            pts = [(ratio, _score(summary, t, found[(t, ratio, n)])) for ratio, n in mine if n == norm]
+            if pts:
+                fig.add_trace(go.Scatter(x=[1 / (1 + ratio) for ratio, _ in pts], y=[v for _, v in pts],
+                                         mode="lines+markers", name=f"{t}, NLL per {norm}"))
+        best_row = None
+        for ratio in sorted({k[0] for k in mine}, reverse=True):
+            row = {"task": t, "weights (other / " + strong + ")": "0 / 1" if ratio == 0 else f"1 / {1 / ratio:g}"}
+            for norm in ("token", "word"):
+                m = found.get((t, ratio, norm))
+                v = _score(summary, t, m) if m else None
+                if v is None:
+                    row[f"per {norm}"] = row[f"per {norm} − {strong}"] = ""
+                    continue
+                d = paired_difference(per_ex.get((t, m), {}), per_ex.get((t, best), {}))
+                row[f"per {norm}"] = f"{v:.2f} ({m})"
+                row[f"per {norm} − {strong}"] = (f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] "
+                                                 f"{d['wins']}/{d['ties']}/{d['losses']}" if d else "")
+                if best_row is None or v > best_row[0]:
+                    best_row = (v, row[next(iter(k for k in row if k.startswith("weights")))], norm,
+                                row[f"per {norm} − {strong}"])
+            table.append(row)
+        v, w, norm, paired = best_row
+        notes.append(f"{t}: best {w} per {norm} at {v:.2f} vs {ref:.2f} — "
+                     + ("at or above it" if v >= ref else f"below it by {ref - v:.2f}")
+                     + (f" (sentence by sentence {paired})" if paired else ""))
+        equal = 1 / (1 + max(k[0] for k in mine))  # the strong model's share at the most even weighting run
+        fig.add_trace(go.Scatter(x=[equal, 1], y=[ref, ref], mode="lines", line={"dash": "dot"},
+                                 name=f"{t}, {strong} alone"))
+    if not table:
+        return []
+    obs.append("- Every static weight from equal to " + strong + " alone, scored on the reported Flores examples "
+               "themselves (hindsight, not a selection: the most any weight chosen on training lines could reach): "
+               + "; ".join(notes) + ".")
+    fig.update_layout(title=f"Static weights on Flores: chrF against {strong}'s share of the weight",
+                      xaxis_title=f"{strong}'s weight ÷ the sum of weights", yaxis_title="chrF")
+    return [f"Every static weighting run on the reported Flores examples, from equal weights to {strong} alone "
+            "(`experiments/run.py`'s sweep with the rows above; each candidate's NLL averaged per token or per word): "
+            "chrF and the paired difference to " + best + ". The weights are scored on the very examples they are "
+            "reported on, so the best of them is hindsight — an upper bound for static weights, not a method:", "",
+            _markdown(table), "", save(fig, figs, "weight_sweep"), ""]
+
+
 def _departures(rows, tasks, methods, strong: str) -> list[dict]:
     """Per task and weighted method: how often the chosen candidate differs from the strong model's first proposal,
     and why (from the traces)."""
@@ -595,13 +787,16 @@ def _num(v, nd: int = 2) -> str:
 
 def build(results: Path, docs: Path) -> Path:
     rows = load_results(results)
+    composed, per_task = per_task_rows(rows, results)
+    rows += composed
     summary_rows = summarize(rows)
     summary = {(r["task"], r["method"]): r for r in summary_rows}
     tasks = [t for t in TASKS if any(k[0] == t for k in summary)]
     figs = docs / "figures"
     figs.mkdir(parents=True, exist_ok=True)
-    main_methods = [m for m in ("adafuse", "adafuse+weights", "adafuse+gate", "adafuse+tuned", "beam", "fixed-span-1", "fixed-span-2",
-                                "fixed-span-3", "token-union", "mixture") if any((t, m) in summary for t in tasks)]
+    main_methods = [m for m in ("adafuse", "adafuse+weights", "adafuse+gate", "adafuse+tuned", PER_TASK, "beam",
+                                "fixed-span-1", "fixed-span-2", "fixed-span-3", "token-union", "mixture")
+                    if any((t, m) in summary for t in tasks)]
     singles = sorted({m for _, m in summary if m.startswith("greedy:")})
     order = singles + main_methods
     table = [r for r in main_metric_table(summary_rows) if r["method"] in order]
@@ -655,7 +850,7 @@ def build(results: Path, docs: Path) -> Path:
             "and the examples where AdaFuse scored higher/the same/lower. An interval that excludes 0 is a difference "
             "this sample can tell apart from noise (sentence-level chrF for Flores).", "", _markdown(pair_rows), ""]
 
-    out += _gates(rows, per_ex, summary, table, tasks, singles, results, figs, obs)
+    out += _gates(rows, per_ex, summary, table, tasks, singles, results, figs, obs, per_task)
     avg = {r["method"]: r["average"] for r in table if r.get("average") is not None}  # methods run on every task
     if "adafuse" in avg and singles:
         best_single = max(singles, key=lambda m: avg.get(m) or -1)
