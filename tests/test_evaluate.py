@@ -8,8 +8,8 @@ import pytest
 
 from adafuse.errors import ConfigError
 from adafuse.harness.evaluate import main_metric_table, parse_methods, summarize
-from adafuse.harness.results import (_gate_start, _judge, _sweep, paired_difference, per_task_choice, per_task_rows,
-                                     static_weighting)
+from adafuse.harness.results import (_gate_start, _judge, _selection_notes, _sweep, paired_difference,
+                                     per_task_choice, per_task_rows, static_weighting)
 from adafuse.harness.metrics import exact_match, f1, final_number, normalize_answer, number_match
 from adafuse.harness.tasks import TASKS, DataError, read_examples
 from tests.conftest import ROOT, SHARED
@@ -189,6 +189,11 @@ def test_per_task_weighting_is_chosen_on_training_lines_and_reuses_the_run_with_
         ("flores-en-de", 1, "adafuse+per-task", "c", "c 1"), ("flores-en-de", 2, "adafuse+per-task", "c", "c 2"),
         ("nq", 1, "adafuse+per-task", "w", "w 1"), ("nq", 2, "adafuse+per-task", "w", "w 2")]
     assert all(r["method"] != "adafuse+per-task" for r in rows)  # the runs themselves are left as they were
+    summary = {("flores-en-de", "a"): {"chrf": 30.0}, ("flores-en-de", "c"): {"chrf": 25.0}}
+    notes = _selection_notes(rows, summary, tmp_path, chosen, ["flores-en-de", "nq"])
+    assert notes == ["- How adafuse+per-task chose on flores-en-de: 4 weightings scored 0.3000–0.3300 on 20 training "
+                     "lines; the chosen one (1 / 3 per word, 0.3300; the next 0.3200) ranks 2 of 2 on the reported "
+                     "lines (25.00; best 1 / 3 per token at 30.00)."]  # nq chose by its family: no note
 
 
 def test_a_gate_is_compared_with_the_static_run_it_started_from_on_the_same_examples():

@@ -468,6 +468,7 @@ def _gates(rows, per_ex, summary, table, tasks, singles, results: Path, figs: Pa
               "training reward": round(c["reward"], 4), "training examples": c["examples"],
               "chosen in": f"results/gate/{c['source']}", "reported run with these settings": c["run"]}
              for t, c in (per_task or {}).items() if t in tasks]
+    obs += _selection_notes(rows, summary, results, per_task or {}, tasks)
     if picks:
         out += [f"`{PER_TASK}`: static weights and NLL averaging chosen for each task on its own training lines where "
                 "the task has its own searches (`gate search --task TASK --normalize token|word`; the Flores "
@@ -619,6 +620,43 @@ def _judge(per_ex, summary, tasks, best: str, obs: list[str]) -> list[str]:
             "each candidate's NLL averaged per token, the paper, or per word): one end of the weighting range, "
             f"against {strong}'s own greedy decode (score; paired difference, interval, better/same/worse):", "",
             _markdown(rows), ""]
+
+
+def _selection_notes(rows, summary, results: Path, per_task: dict, tasks) -> list[str]:
+    """Per task with its own searches: how the weightings tried on training lines rank on the reported lines (from the
+    runs decoded with the same settings), so a miss of the per-task choice can be told from a choice that is wrong."""
+    runs: dict[tuple[str, tuple], str] = {}
+    for r in rows:
+        key = static_weighting(r["trace"]["settings"]) if r["method"] != PER_TASK else None
+        if key is not None:
+            runs.setdefault((r["task"], (round(key[0], 9), key[1])), r["method"])
+    notes = []
+    for t, c in per_task.items():
+        files = [results / "gate" / f"search-{t}-{n}.json" for n in ("token", "word")]
+        if t not in tasks or c["source"] not in {f.name for f in files}:
+            continue
+        tried = []
+        for f in files:
+            res = json.loads(f.read_text())
+            for row in res["grid"]:
+                w = row["weights"]
+                m = runs.get((t, (round(w[0] / w[1], 9), res["normalize"])))
+                if w == c["weights"] and res["normalize"] == c["normalize"]:
+                    m = c["run"]  # the run the per-task row took
+                tried.append((row["reward"], f"{w[0]:g} / {w[1]:g} per {res['normalize']}",
+                              _score(summary, t, m) if m else None))
+        scored = sorted((v for _, _, v in tried if v is not None), reverse=True)
+        chosen = f"{c['weights'][0]:g} / {c['weights'][1]:g} per {c['normalize']}"
+        mine = next(v for _, name, v in tried if name == chosen)
+        top = max(tried, key=lambda x: -1 if x[2] is None else x[2])
+        runner = sorted((r for r, _, _ in tried), reverse=True)[1]
+        notes.append(f"- How {PER_TASK} chose on {t}: {len(tried)} weightings scored {min(r for r, _, _ in tried):.4f}"
+                     f"–{max(r for r, _, _ in tried):.4f} on {c['examples']} training lines; the chosen one "
+                     f"({c['weights'][0]:g} / {c['weights'][1]:g} per {c['normalize']}, {c['reward']:.4f}; the next "
+                     f"{runner:.4f})" + (f" ranks {scored.index(mine) + 1} of {len(scored)} on the reported lines "
+                                        f"({mine:.2f}; best {top[1]} at {top[2]:.2f})" if mine is not None else "")
+                     + ".")
+    return notes
 
 
 def _gate_start(rows, per_ex, summary, tasks, obs: list[str]) -> list[str]:
