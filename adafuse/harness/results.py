@@ -766,14 +766,14 @@ def _sweep(rows, per_ex, summary, tasks, best: str, figs: Path, obs: list[str]) 
     if not table:
         return []
     obs.append("- Every static weight from equal to " + strong + " alone, scored on the reported Flores examples "
-               "themselves (hindsight, not a selection: the most any weight chosen on training lines could reach): "
+               "themselves (hindsight, not a selection: the most any of these weights, however chosen, could reach): "
                + "; ".join(notes) + ".")
     fig.update_layout(title=f"Static weights on Flores: chrF against {strong}'s share of the weight",
                       xaxis_title=f"{strong}'s weight ÷ the sum of weights", yaxis_title="chrF")
     return [f"Every static weighting run on the reported Flores examples, from equal weights to {strong} alone "
             "(`experiments/run.py`'s sweep with the rows above; each candidate's NLL averaged per token or per word): "
             "chrF and the paired difference to " + best + ". The weights are scored on the very examples they are "
-            "reported on, so the best of them is hindsight — an upper bound for static weights, not a method:", "",
+            "reported on, so the best of them is hindsight — the most any of these weights could reach, not a method:", "",
             _markdown(table), "", save(fig, figs, "weight_sweep"), ""]
 
 
