@@ -765,7 +765,7 @@ def _sweep(rows, per_ex, summary, tasks, best: str, figs: Path, obs: list[str]) 
                                  name=f"{t}, {strong} alone"))
     if not table:
         return []
-    obs.append("- Every static weight from equal to " + strong + " alone, scored on the reported Flores examples "
+    obs.append("- The static weights run from equal to " + strong + " alone, scored on the reported Flores examples "
                "themselves (hindsight, not a selection: the most any of these weights, however chosen, could reach): "
                + "; ".join(notes) + ".")
     fig.update_layout(title=f"Static weights on Flores: chrF against {strong}'s share of the weight",
