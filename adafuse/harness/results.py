@@ -398,24 +398,15 @@ def per_task_rows(rows: list[dict], results: Path) -> tuple[list[dict], dict[str
     """`adafuse+per-task`: for each task, the rows of the run decoded with the static weighting chosen for that task
     on training lines (`per_task_choice`) — no decode of its own: the decoder is deterministic, so a run with the same
     settings is that method's run. Returns the rows (relabelled, `from` naming the run) and per task the choice."""
-    runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for r in rows:
-        runs[(r["task"], r["method"])].append(r)
+    runs = static_runs(rows)
     out, chosen = [], {}
-    for task in sorted({t for t, _ in runs}):
+    for task in sorted({r["task"] for r in rows}):
         pick = per_task_choice(results, task) if task in TASKS else None
-        if pick is None:
-            continue
-        full = max(len(v) for (t, _), v in runs.items() if t == task)
-        for (t, label), items in sorted(runs.items()):
-            keys = {static_weighting(r["trace"]["settings"]) for r in items}
-            if t != task or label == PER_TASK or len(items) < full or len(keys) != 1:
-                continue
-            key = next(iter(keys))
-            if key and abs(key[0] - pick["ratio"]) < 1e-9 and key[1] == pick["normalize"]:
-                out += [{**r, "method": PER_TASK, "from": label} for r in items]
-                chosen[task] = {**pick, "run": label}
-                break
+        hit = pick and runs.get((task, round(pick["ratio"], 9), pick["normalize"]))
+        if hit:
+            out += [{**r, "method": PER_TASK, "from": hit[0]} for r in rows
+                    if r["task"] == task and r["method"] == hit[0]]
+            chosen[task] = {**pick, "run": hit[0]}
     return out, chosen
 
 
@@ -625,11 +616,7 @@ def _judge(per_ex, summary, tasks, best: str, obs: list[str]) -> list[str]:
 def _selection_notes(rows, summary, results: Path, per_task: dict, tasks) -> list[str]:
     """Per task with its own searches: how the weightings tried on training lines rank on the reported lines (from the
     runs decoded with the same settings), so a miss of the per-task choice can be told from a choice that is wrong."""
-    runs: dict[tuple[str, tuple], str] = {}
-    for r in rows:
-        key = static_weighting(r["trace"]["settings"]) if r["method"] != PER_TASK else None
-        if key is not None:
-            runs.setdefault((r["task"], (round(key[0], 9), key[1])), r["method"])
+    runs = static_runs(rows)
     notes = []
     for t, c in per_task.items():
         files = [results / "gate" / f"search-{t}-{n}.json" for n in ("token", "word")]
@@ -640,9 +627,7 @@ def _selection_notes(rows, summary, results: Path, per_task: dict, tasks) -> lis
             res = json.loads(f.read_text())
             for row in res["grid"]:
                 w = row["weights"]
-                m = runs.get((t, (round(w[0] / w[1], 9), res["normalize"])))
-                if w == c["weights"] and res["normalize"] == c["normalize"]:
-                    m = c["run"]  # the run the per-task row took
+                m = runs.get((t, round(w[0] / w[1], 9), res["normalize"]), ("",))[0]
                 tried.append((row["reward"], f"{w[0]:g} / {w[1]:g} per {res['normalize']}",
                               _score(summary, t, m) if m else None))
         scored = sorted((v for _, _, v in tried if v is not None), reverse=True)
@@ -663,7 +648,7 @@ def _gate_start(rows, per_ex, summary, tasks, obs: list[str]) -> list[str]:
     """What training did to each gate, on the reported examples: a gate starts from static weights (W = 0, b = log w,
     `trained.init`) with its NLL averaging, so the reported run with those static settings is the gate before its
     first step; the gate's rows against that run, task by task."""
-    table = []
+    table, runs = [], static_runs(rows)
     for t in tasks:
         gated = [r for r in rows if r["task"] == t and r["method"] == "adafuse+gate"]
         paths = {r["trace"]["settings"].get("gate") for r in gated}
@@ -677,11 +662,8 @@ def _gate_start(rows, per_ex, summary, tasks, obs: list[str]) -> list[str]:
         if len(init) != 2:
             continue
         key = (init[0] / init[1], tr.get("normalize", "token"))
-        start = next((m for (tt, m) in sorted(per_ex) if tt == t and m not in ("adafuse+gate", PER_TASK)
-                      and len(per_ex[(tt, m)]) >= len(gated)
-                      and {static_weighting(r["trace"]["settings"]) for r in rows
-                           if r["task"] == t and r["method"] == m} == {key}), None)
-        if start is None:
+        start = runs.get((t, round(key[0], 9), key[1]), ("",))[0]
+        if not start:
             continue
         a, b = _score(summary, t, start), _score(summary, t, "adafuse+gate")
         d = paired_difference(per_ex[(t, "adafuse+gate")], per_ex[(t, start)])
@@ -715,19 +697,34 @@ def static_weighting(settings: dict) -> tuple[float, str] | None:
     return w[0] / w[1], settings.get("normalize") or "token"
 
 
+def static_runs(rows: list[dict]) -> dict[tuple[str, float, str], tuple[str, tuple]]:
+    """(task, first ÷ second weight rounded to 9 places, NLL averaging) → (label, models) of the complete run decoded
+    with that static weighting (`static_weighting` alike on every row, as many examples as the task's largest run; the
+    first label in sorted order where several have it). The composed `adafuse+per-task` rows are not a run."""
+    runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        if r["method"] != PER_TASK:
+            runs[(r["task"], r["method"])].append(r)
+    full: dict[str, int] = defaultdict(int)
+    for (t, _), items in runs.items():
+        full[t] = max(full[t], len(items))
+    out: dict[tuple[str, float, str], tuple[str, tuple]] = {}
+    for (t, label), items in sorted(runs.items()):
+        keys = {static_weighting(r["trace"]["settings"]) for r in items}
+        if len(items) < full[t] or len(keys) != 1 or None in keys:
+            continue
+        ratio, norm = next(iter(keys))
+        out.setdefault((t, round(ratio, 9), norm), (label, tuple(items[0]["trace"].get("models", ()))))
+    return out
+
+
 def _sweep(rows, per_ex, summary, tasks, best: str, figs: Path, obs: list[str]) -> list[str]:
     """Every static weighting run on the reported translation examples (plain AdaFuse, adafuse+weights, +tuned, +judge
     and the sweep of experiments/run.py), ordered from equal weights to the strong model alone: whether any static
     weight could meet the target, chosen with hindsight on the very examples it is scored on."""
     strong = best.removeprefix("greedy:")
-    found: dict[tuple[str, float, str], str] = {}
-    for r in rows:
-        t = r["task"]
-        if not t.startswith("flores") or r["method"] == PER_TASK or r["trace"]["models"][-1:] != [strong]:
-            continue
-        key = static_weighting(r["trace"]["settings"])
-        if key is not None:
-            found.setdefault((t, *key), r["method"])
+    found = {key: label for key, (label, models) in static_runs(rows).items()
+             if key[0].startswith("flores") and models[-1:] == (strong,)}
     table, fig, notes = [], go.Figure(), []
     for t in tasks:
         ref = _score(summary, t, best)
