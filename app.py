@@ -5,6 +5,7 @@ import os
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the models' worker threads tokenize; no forked pools
 
 
 def _port(value: str) -> int:
@@ -43,9 +44,10 @@ from app.gpu import ZERO_GPU  # noqa: E402  (first: on ZeroGPU, importing `space
 from app.ui import CSS, build_demo  # noqa: E402  (import from app.* at the top: reload mode swaps "app")
 
 if ZERO_GPU:  # ZeroGPU wants the weights placed at startup; each decode then borrows a GPU (app.gpu.gpu)
-    from adafuse import DEFAULT_PAIR, get_model
+    from adafuse import DEFAULT_PAIR
+    from app.controller import MODELS
     for name in DEFAULT_PAIR:
-        get_model(name, device="cuda")
+        MODELS.get(name, device="cuda")
 
 demo = build_demo()
 

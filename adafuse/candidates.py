@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .selection import select_first_tokens, token_key
+from .selection import select_first_tokens
 from .view import ModelView
 from .writer import BOUNDARY, END, FULL, STRADDLE, UTF8_SLACK, Word, best_token, margin, sample_token, token_index
 
@@ -38,7 +38,7 @@ def greedy_span(s: ModelView, max_words: int, tau: float | None, max_word_tokens
     `drafts` (texts other models proposed after the same committed text) and `guesses` (other likely continuations,
     e.g. from prompt lookup): verified first in one batched forward; while the chosen tokens follow one, their
     log-probs come from that forward instead of one forward each. The rules below see the same tokens and log-probs
-    either way (speculative proposals, issue 15)."""
+    either way (speculative proposals)."""
     s.rewind()
     lp = s.next_logprobs
     margins = [margin(lp)]
@@ -89,27 +89,6 @@ def draft_rows(s: ModelView, drafts: Sequence[str], first: int, cap: int,
         return []
     rows.sort(key=lambda r: r[0] != first)  # the ones that can save tokens first, should the limits cut the batch
     return [list(r) for r in rows if not any(len(o) > len(r) and o[: len(r)] == r for o in rows)]
-
-
-def first_tokens(s: ModelView, lp: torch.Tensor, count: int, top_k: int, distinct: bool) -> list[int]:
-    """The highest-probability first tokens; with `distinct`, the first `count` whose surface forms differ (decoded
-    text stripped of whitespace; a token that is part of a character counts by its own bytes, not as '�'; empty
-    and special non-end tokens skipped)."""
-    chosen, seen = [], set()
-    top = torch.topk(lp, min(top_k, lp.numel()))
-    for t, v in zip(top.indices.tolist(), top.values.tolist()):
-        if v == float("-inf"):  # past what the model (a server's top-k) gives any probability
-            break
-        key = token_key(s, t)[0]
-        if key is None:
-            continue
-        if distinct and key in seen:
-            continue
-        seen.add(key)
-        chosen.append(t)
-        if len(chosen) == count:
-            break
-    return chosen or [best_token(s, lp)]
 
 
 def explore(s: ModelView, branches: int, top_k: int, max_word_tokens: int, strategy: str = "surface",

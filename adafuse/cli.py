@@ -1,4 +1,4 @@
-"""Command line: `python -m adafuse run ...` decodes a prompt and prints the answer and the rounds."""
+"""Command line `adafuse` (= `python -m adafuse`): run, eval, gate, bench, serve-model."""
 from __future__ import annotations
 
 import argparse
@@ -6,11 +6,12 @@ import os
 import sys
 from pathlib import Path
 
-from .config import METHODS, DecodeConfig
+from .config import DecodeConfig
+from .methods import METHODS
 from .errors import AdafuseError
-from .loading import BUNDLED, DEFAULT_PAIR
+from .models import BUNDLED, DEFAULT_PAIR
 
-TRUST_HELP = ("let models whose Hub repository ships its own Python (e.g. internlm/internlm3-8b-instruct) run it: "
+TRUST_HELP = ("let models whose Hub repository ships its own Python code run it: "
               "only for repositories you trust, the code runs with your permissions")
 EPILOG = f"Bundled models (offline): {', '.join(BUNDLED)}. Any Hugging Face id, local folder or .gguf file also works."
 
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     run.add_argument("--models", nargs="+", default=list(DEFAULT_PAIR), metavar="MODEL",
                      help="2 to 4 models (one with --method greedy); MODEL@DEVICE[,DTYPE] places one, e.g. "
-                          "gemma3-270m@cuda:1, meta-llama/Llama-3.1-8B-Instruct@auto,bfloat16")
+                          "MODEL@cuda:1, ORG/MODEL@auto,bfloat16")
     src = run.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text ('\\n' is read as a newline)")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
@@ -32,14 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-words", type=int, default=d.max_words, help="M: most words a confident model commits")
     run.add_argument("--branches", type=int, default=d.branches, help="B: candidates an uncertain model explores")
     run.add_argument("--no-diversity", action="store_true", help="beam search instead of distinct first tokens")
-    run.add_argument("--method", choices=METHODS, default=d.method, help="decoding method")
+    run.add_argument("--method", choices=METHODS, default=d.method,
+                     help="decoding method: " + "; ".join(f"{k}: {v.summary}" for k, v in METHODS.items()))
     run.add_argument("--span-words", type=int, default=d.span_words, help="n for --method fixed-span")
     run.add_argument("--mode", choices=("raw", "chat"), default=d.mode,
                      help="raw prompt for every model, or each model's chat template")
     run.add_argument("--system", default=d.system, metavar="TEXT",
                      help="chat mode: a system message before the prompt ('\\n' is a newline)")
     run.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=d.thinking,
-                     help="chat mode: turn the template's enable_thinking switch (Qwen3) on or off; unset: the "
+                     help="chat mode: turn the template's enable_thinking switch on or off; unset: the "
                           "template's default")
     run.add_argument("--weights", type=float, nargs="+", default=[], metavar="W",
                      help="one weight per model, in --models order: fused score = Σ w·NLL / Σ w (default: equal)")
@@ -73,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("gate", help="learn per-model weights from answers: gate train / gate search (see "
                    "python -m adafuse gate --help)", add_help=False)
+    sub.add_parser("bench", help="benchmark methods on the bundled pair (see python -m adafuse bench --help)",
+                   add_help=False)
+    sub.add_parser("serve-model", help="serve one model with a vLLM OpenAI server for `vllm:` members (see "
+                   "python -m adafuse serve-model --help)", add_help=False)
 
     from .harness.tasks import DEFAULT_DATA, TASKS
     ev = sub.add_parser("eval", help="evaluate methods on a benchmark task", epilog=EPILOG,
@@ -101,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_eval(args) -> int:
     from .harness.evaluate import evaluate, parse_methods, write_summary
+    from .models import ModelRegistry
     from .harness.tasks import TASKS, data_source
     if args.limit is not None and args.limit < 1:
         from .errors import ConfigError
@@ -115,7 +122,8 @@ def run_eval(args) -> int:
     runs = parse_methods(args.methods, args.models)
     print(f"data: {data_source(args.data)}", file=sys.stderr)
     out = evaluate(TASKS[args.task], runs, args.out, args.data, args.limit, base, args.on_bad_line,
-                   progress=not args.no_progress, trust_remote_code=args.trust_remote_code)
+                   progress=not args.no_progress, trust_remote_code=args.trust_remote_code,
+                   registry=ModelRegistry())  # this command's models
     md, csv_path = write_summary(args.out)
     print(f"\nper-example results: {out}\nsummary: {md}, {csv_path}")
     return 0
@@ -126,8 +134,8 @@ def _unescape(s: str) -> str:
 
 
 def run(args) -> int:
-    from .decoder import AdaFuse, greedy
-    from .loading import get_model
+    from .ensemble import AdaFuse, greedy
+    from .models import ModelRegistry
     from .report import cost_rows, format_table, round_rows
     from .errors import ConfigError, PromptError
     if args.prompt_file:
@@ -138,9 +146,7 @@ def run(args) -> int:
                               "text file") from exc
     else:
         prompt = _unescape(args.prompt)
-    count, single = len(args.models), args.method == "greedy"
-    if (single and count != 1) or (not single and not 2 <= count <= 4):  # before loading anything
-        raise ConfigError(f"{count} model(s) given: --method greedy runs exactly one, an ensemble 2 to 4")
+    METHODS[args.method].check_count(args.method, len(args.models))  # before loading anything
     cfg = DecodeConfig(tau=args.tau, max_words=args.max_words, branches=args.branches, diversity=not args.no_diversity,
                        method=args.method, span_words=args.span_words, mode=args.mode,
                        max_new_words=args.max_new_words, max_new_tokens=args.max_new_tokens,
@@ -149,10 +155,10 @@ def run(args) -> int:
                        speculate=args.speculate, draft_lookup=not args.no_draft_lookup, normalize=args.normalize)
     if not prompt.strip():
         raise PromptError("the prompt is empty: pass --prompt TEXT or --prompt-file PATH with some text")
-    models = []
+    models, registry = [], ModelRegistry()  # this command's models
     for name in args.models:
         print(f"loading {name} ...", file=sys.stderr, flush=True)
-        models.append(get_model(name, device=args.device, trust_remote_code=args.trust_remote_code))
+        models.append(registry.get(name, device=args.device, trust_remote_code=args.trust_remote_code))
         print(f"  {models[-1].describe()}", file=sys.stderr)
     fuser = AdaFuse(models, cfg, parallel=args.parallel)
     d = fuser.start(prompt)
@@ -184,11 +190,13 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the models' worker threads tokenize; no forked pools
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["gate"]:
-        from .harness.gate_train import main as gate_main
+    if argv[:1] in (["gate"], ["bench"], ["serve-model"]):  # commands with parsers of their own
+        from importlib import import_module
+        module = {"gate": "gate_train", "bench": "bench", "serve-model": "serve"}[argv[0]]
         try:
-            return gate_main(argv[1:])
+            return import_module(f".harness.{module}", __package__).main(argv[1:])
         except AdafuseError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

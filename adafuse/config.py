@@ -5,8 +5,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from .errors import ConfigError
-
-METHODS = ("adafuse", "greedy", "beam", "fixed-span", "token-union", "mixture")
+from .methods import METHODS
 MODES = ("raw", "chat")
 EXPLORATIONS = ("surface", "embedding")
 NORMALIZATIONS = ("token", "word")
@@ -35,12 +34,10 @@ class DecodeConfig:
     # chat mode: a system message before the user's (the user message holds it where the template has no system
     # role); raw mode ignores it and the trace's prompt modes say so
     system: str = ""
-    # chat mode: the template's `enable_thinking` switch (Qwen3: think first, or answer directly); None leaves the
+    # chat mode: the template's `enable_thinking` switch (think first, or answer directly); None leaves the
     # template's default, and templates without the switch ignore it
     thinking: bool | None = None
-    # "adafuse" | "beam" (= adafuse, diversity off) | "fixed-span" (every model proposes n words) | "greedy" (one
-    # model) | "token-union" (UniTE-style: union of top-k next tokens by text, averaged probabilities) | "mixture"
-    # (word-level ME: each word written by one model drawn at random, no scoring)
+    # a name of the method registry, adafuse/methods.py `METHODS` (each method's `summary` says what it does)
     method: str = "adafuse"
     # n for method "fixed-span"
     span_words: int = 1

@@ -116,19 +116,12 @@ def gate_weights(W: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> torch.Ten
     return W.shape[0] * torch.softmax(W @ x + b, dim=-1)
 
 
-_CACHE: dict[tuple[str, float], Gate] = {}
-
-
 def load_gate(path: str | Path) -> Gate:
-    """Read and check a gate file (cached by path and modification time)."""
+    """Read and check a gate file (a decode reads it once, when it starts or its settings change)."""
     p = Path(path)
-    try:
-        key = (str(p.resolve()), p.stat().st_mtime)
-    except OSError as exc:
+    if not p.is_file():
         raise GateError(f"no gate file at {path}: give the path of a file written by `python -m adafuse gate train` "
-                        f"(shipped ones are in assets/gates/)") from exc
-    if key in _CACHE:
-        return _CACHE[key]
+                        f"(shipped ones are in assets/gates/)")
     try:
         raw = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -148,6 +141,4 @@ def load_gate(path: str | Path) -> Gate:
             raise ValueError("W and b must be finite numbers")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise GateError(f"{path} is not a usable gate file: {exc}") from exc
-    gate = Gate(models, W, b, list(FEATURES), dict(raw.get("trained") or {}), str(path))
-    _CACHE[key] = gate
-    return gate
+    return Gate(models, W, b, list(FEATURES), dict(raw.get("trained") or {}), str(path))

@@ -1,19 +1,15 @@
-"""One phase of a round (prefill, proposing, scoring, committing) on every model at once: one worker per model.
-
-The models of an ensemble are independent inside each phase, so a phase costs about the slowest model's time instead
-of the sum. Each worker is a thread (torch releases the GIL inside its kernels) with its own torch thread budget on
-CPU and its own CUDA stream on a GPU; views of the same loaded model share one worker (their tokenizer and weights
-are not used from two threads at once). Results are gathered in model order, so a parallel decode writes the same
-trace as a sequential one.
-"""
+"""One phase of a round (prefill, proposing, scoring, committing) on every model at once: one worker per model."""
 from __future__ import annotations
 
 import os
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Sequence, TypeVar
 
 import torch
+
+from .models.served import ServedModel
 
 T = TypeVar("T")
 
@@ -26,8 +22,6 @@ def cpu_threads_per_model(count: int) -> int:
 
 # Side by side beats one after another on this machine's CPU by at least this factor, or models take turns.
 SIDE_BY_SIDE_GAIN = 0.85
-_MEASURED: dict[tuple, tuple[float, float]] = {}  # CPU models (by identity), threads each -> (one after another s,
-                                                  # side by side s) of the probe
 
 
 def _probe(lm) -> None:
@@ -44,11 +38,13 @@ def _probe(lm) -> None:
 
 def measure_cpu_side_by_side(models: Sequence, threads_each: int, repeats: int = 2) -> tuple[float, float]:
     """Seconds of the probe for every model one after another (each with this thread's torch threads) and side by
-    side (one worker each, `threads_each` threads): the best of `repeats`, measured once per process for a set of
-    loaded models. Whether two threads speed one model up depends on the machine (on one 2-core machine 1.65×, on
-    another not at all), so the default asks the machine rather than guessing."""
-    key = (tuple(id(m) for m in models), threads_each, torch.get_num_threads())
-    if key not in _MEASURED:
+    side (one worker each, `threads_each` threads): the best of `repeats`, measured once for a set of loaded models
+    and kept by the first of them (`LocalModel.side_by_side`, by weak references to the set: a model unloaded and
+    another loaded never match). Whether two threads speed one model up depends on the machine (on one 2-core machine
+    1.65×, on another not at all), so the default asks the machine rather than guessing."""
+    key = (tuple(weakref.ref(m) for m in models), threads_each, torch.get_num_threads())
+    measured = models[0].side_by_side
+    if key not in measured:
         seq, par, mine = float("inf"), float("inf"), torch.get_num_threads()
         with ThreadPoolExecutor(len(models), initializer=torch.set_num_threads, initargs=(threads_each,)) as pool:
             for _ in range(repeats):
@@ -60,8 +56,8 @@ def measure_cpu_side_by_side(models: Sequence, threads_each: int, repeats: int =
                 list(pool.map(_probe, models))
                 par = min(par, time.perf_counter() - t0)
         torch.set_num_threads(mine)  # the workers' setting also reaches process-wide defaults: put this one back
-        _MEASURED[key] = (seq, par)
-    return _MEASURED[key]
+        measured[key] = (seq, par)
+    return measured[key]
 
 
 def _measure_or_none(models: Sequence) -> tuple[float, float] | None:
@@ -76,20 +72,21 @@ def _measure_or_none(models: Sequence) -> tuple[float, float] | None:
         return None
 
 
-def _served(model) -> bool:
-    from .remote import RemoteModel
-    return isinstance(model, RemoteModel)
-
-
 def _place(model, device: torch.device) -> str:
     """Where a model computes: its server, its GPU, or this machine's CPU (every CPU model shares the one place)."""
-    if _served(model):
+    if isinstance(model, ServedModel):
         return f"server {model.url}"
     return "cpu" if device.type == "cpu" else str(device)
 
 
 class Workers:
-    """Runs `fn(i)` for model indices: concurrently, one worker thread per distinct loaded model, or (`parallel`
+    """The models of an ensemble are independent inside each phase of a round, so a phase costs about the slowest
+    model's time instead of the sum. Each worker is a thread (torch releases the GIL inside its kernels) with its own
+    torch thread budget on CPU and its own CUDA stream on a GPU; views of the same loaded model share one worker (their
+    tokenizer and weights are not used from two threads at once). Results are gathered in model order, so a parallel
+    decode writes the same trace as a sequential one.
+
+    Runs `fn(i)` for model indices: concurrently, one worker thread per distinct loaded model, or (`parallel`
     False) one after another in the caller's thread; with the same torch thread budget the two ways give the same
     numbers bit for bit. A single model runs in the caller's thread. `parallel` None: side by side when every model
     computes in a place of its own (its own GPU, its own server, or the only one on this machine's CPU); models that
@@ -101,16 +98,22 @@ class Workers:
 
     def __init__(self, models: Sequence, parallel: bool | None = None, threads: int | None = None,
                  probe: bool = True):
-        groups: dict[int, int] = {}
-        self.group = [groups.setdefault(id(m), len(groups)) for m in models]
+        distinct: list = []  # each loaded model once, in order of first appearance: views of one model share a worker
+        self.group = []
+        for m in models:
+            g = next((k for k, d in enumerate(distinct) if d is m), len(distinct))
+            if g == len(distinct):
+                distinct.append(m)
+            self.group.append(g)
         self.devices = [m.device for m in models]
         # models computing on this machine's CPU share its cores; GPUs and servers compute elsewhere
-        cpu = {self.group[i] for i, m in enumerate(models) if self.devices[i].type == "cpu" and not _served(m)}
+        cpu = {self.group[i] for i, m in enumerate(models)
+               if self.devices[i].type == "cpu" and not isinstance(m, ServedModel)}
         self.measured: tuple[float, float] | None = None
         self.turns = ""  # why models sharing the CPU take turns without a probe
         if parallel is None:  # side by side where each model computes in a place of its own
             places = [_place(m, self.devices[i]) for i, m in enumerate(models)]
-            parallel = len(set(places)) == len(groups)
+            parallel = len(set(places)) == len(distinct)
             shared = {p for p in places if places.count(p) > 1}
             # ... or where the CPU says so, if this process may use a thread per model (a process given one thread, as
             # each of experiments/run.py's workers, takes turns; so do the models of a method with one model working at
@@ -119,18 +122,17 @@ class Workers:
                 if not probe:
                     self.turns = "one model works at a time"
                 elif 1 < len(cpu) <= torch.get_num_threads() and not threads:
-                    self.measured = _measure_or_none(list({id(m): m for i, m in enumerate(models)
-                                                           if self.group[i] in cpu}.values()))  # each CPU model once
+                    self.measured = _measure_or_none([m for g, m in enumerate(distinct) if g in cpu])  # each once
                     parallel = bool(self.measured) and self.measured[1] <= SIDE_BY_SIDE_GAIN * self.measured[0]
         self.parallel = bool(parallel)
-        self.enabled = len(groups) > 1
+        self.enabled = len(distinct) > 1
         self.given = threads  # one after another, the caller's thread runs the models: its budget, unless given
         self.threads = threads or cpu_threads_per_model(max(1, len(cpu)) if self.parallel else 1)
         self.pool: list[ThreadPoolExecutor] = []
         self.streams: dict[int, object] = {}
         if self.enabled and self.parallel:
             self.pool = [ThreadPoolExecutor(1, thread_name_prefix=f"adafuse-model{g}", initializer=self._init)
-                         for g in range(len(groups))]
+                         for g in range(len(distinct))]
 
     def describe(self) -> str:
         if not self.enabled:

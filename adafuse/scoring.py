@@ -3,15 +3,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 
 from .candidates import Proposal
 from .view import ModelView
 from .words import common_prefix
-from .writer import end_logprobs
+from .writer import end_logprob_rows
 
-END = -1  # marks "the answer ends here" in a target sequence (scored with all of the model's end tokens)
+END_MARK = -1  # marks "the answer ends here" in a target sequence (scored with all of the model's end tokens)
+
+
+class Unscored(StrEnum):
+    """Why a model gives a candidate no NLL (`Score.note`, the trace's `Candidate.notes`); a str in the trace."""
+    NO_TOKENS = "no token of the candidate can be scored in context"
+    ZERO_PROB = "probability 0 under this model"   # ranks the candidate last when the model counts
 
 
 @dataclass
@@ -19,8 +26,50 @@ class Score:
     nll: float | None  # −mean log p over the candidate's tokens in context (None: see `note`)
     n_tokens: int      # |T_m(c)|, the end marker included
     straddle: bool     # a token crossed the boundary between y and c: scoring started inside y
-    note: str = ""     # why nll is None
+    note: str = ""     # why nll is None: an `Unscored` value ("" when scored)
     end_term: float | None = None  # for a candidate that ends the answer: log p(the answer ends here)
+
+
+@dataclass
+class Placement:
+    """Candidate c tokenized in context: T_m(c) is the tokens of y + c after their longest common prefix with y's."""
+    seq: list[int]    # the tokens of y + c, END_MARK last when c ends the answer
+    start: int        # the first position scored (never 0: no distribution before it)
+    aligned: bool     # c's tokens start right after y's own tokens (else one straddles y|c)
+
+    @property
+    def real(self) -> list[int]:
+        """The tokens without the end marker."""
+        return _real(self.seq)
+
+    def forwarded(self, n_ids: int) -> list[int]:
+        """The positions whose distribution comes from a forward of the candidate's own tokens: all but the one read
+        from `next_logprobs` (position n_ids of an aligned candidate)."""
+        return [p for p in range(self.start, len(self.seq)) if p != n_ids or not self.aligned]
+
+
+def place(s: ModelView, text: str, eos: bool) -> Placement:
+    """Where (text, eos) sits after the committed text of `s` (the one rule for scoring and its explanation)."""
+    new = s.encode(s.text + text) if text else list(s.ids)
+    lcp = common_prefix(s.ids, new)
+    return Placement(new + ([END_MARK] if eos else []), max(lcp, 1), lcp == len(s.ids))
+
+
+def feed_from(n_ids: int, forwarded: list[list[int]]) -> int:
+    """Where rows of candidate tokens are fed from (a context length): the earliest position any of them needs a
+    forward for (each list: a candidate's `Placement.forwarded`), never past the committed ids."""
+    return min([n_ids] + [p[0] - 1 for p in forwarded if p])
+
+
+def read_ids(s: ModelView, token: int) -> list[int]:
+    """The token ids a position's log-prob reads (a served model is asked for just these): END_MARK reads every end
+    token."""
+    return sorted(s.end_ids) if token == END_MARK else [token]
+
+
+def token_logprob(s: ModelView, dist: torch.Tensor, token: int) -> torch.Tensor:
+    """log p of `token` in the (V,) distribution `dist`; for END_MARK every end token together (a 0-dim tensor)."""
+    return end_logprob_rows(s, dist) if token == END_MARK else dist[token]
 
 
 def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Proposal] | None = None,
@@ -49,9 +98,9 @@ def score_candidates(s: ModelView, cands: list[tuple[str, bool]], own: dict[int,
         straddle = not aligned[i]
         end = v[-1] if v and cands[i][1] and math.isfinite(v[-1]) else None
         if not v:
-            scores.append(Score(None, 0, straddle, "no token of the candidate can be scored in context"))
+            scores.append(Score(None, 0, straddle, Unscored.NO_TOKENS))
         elif any(math.isinf(x) or math.isnan(x) for x in v):
-            scores.append(Score(None, len(v), straddle, "probability 0 under this model"))
+            scores.append(Score(None, len(v), straddle, Unscored.ZERO_PROB))
         else:
             scores.append(Score(-sum(v) / len(v), len(v), straddle, end_term=end))
     return scores
@@ -76,27 +125,20 @@ def _join_stop_path(s: ModelView, logps, seqs, starts, i: int, a: int) -> None:
         return
     hi, lo = sorted((sum(tail), sum(path)), reverse=True)
     logps[i] = head + [hi + math.log1p(math.exp(lo - hi))]  # log(e^tail + e^path); the path is finite
-    seqs[i] = real[:lcp] + [END]
+    seqs[i] = real[:lcp] + [END_MARK]
 
 
 def _logprobs(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Proposal]):
     """Per candidate: the log-prob of each of its tokens in context from its first scored position (the end marker
     last: every end token together), its token sequence, that first position, and whether it is aligned with y."""
     n_ids = len(s.ids)
-    seqs, starts, aligned = [], [], []
-    for text, eos in cands:
-        new = s.encode(s.text + text) if text else list(s.ids)
-        seqs.append(new + ([END] if eos else []))
-        lcp = common_prefix(s.ids, new)
-        aligned.append(lcp == n_ids)  # else a token straddles y|c
-        # the first position scored: the first token that differs from y's tokens (never position 0, which has no
-        # distribution before it: a one-token prompt without BOS that merges with the candidate)
-        starts.append(max(lcp, 1))
+    placed = [place(s, text, eos) for text, eos in cands]
+    seqs, starts, aligned = [pl.seq for pl in placed], [pl.start for pl in placed], [pl.aligned for pl in placed]
     logps: list[list[float] | None] = [None] * len(cands)
     for i, p in own.items():
         target = seqs[i][starts[i]:]
         if target and p.clean and aligned[i] and target[:-1] == p.tokens[:-1] and \
-                (target[-1] == p.tokens[-1] or (target[-1] == END and p.eos)):
+                (target[-1] == p.tokens[-1] or (target[-1] == END_MARK and p.eos)):
             logps[i] = list(p.logprobs)
     todo = [i for i in range(len(cands)) if logps[i] is None]
     # a candidate whose tokens a verifying forward of this round already ran (speculative proposals: another model's
@@ -111,21 +153,21 @@ def _logprobs(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Propos
     batch = [i for i in todo if i not in pre]
     # position p's distribution: `next_logprobs` when p == len(ids) on y's own tokens, else the output of a batch
     # row fed from `ctx`, the earliest position any candidate needs
-    batched = {i: [p for p in range(starts[i], len(seqs[i])) if p != n_ids or not aligned[i]] for i in batch}
-    ctx = min([n_ids] + [p - 1 for i in batch for p in batched[i][:1]])
+    batched = {i: placed[i].forwarded(n_ids) for i in batch}
+    ctx = feed_from(n_ids, [batched[i] for i in batch])
     # where the candidate may be committed next (no end marker, scored from the end of ids), feed its last token too:
     # one more position gives the KV and next-token distribution a commit would compute
-    full = {i: ctx == n_ids and aligned[i] and seqs[i][-1] != END for i in batch}
-    rows = {i: _real(seqs[i])[ctx:] if full[i] or seqs[i][-1] == END else _real(seqs[i])[ctx:-1] for i in batch}
+    full = {i: ctx == n_ids and aligned[i] and seqs[i][-1] != END_MARK for i in batch}
+    rows = {i: _real(seqs[i])[ctx:] if full[i] or seqs[i][-1] == END_MARK else _real(seqs[i])[ctx:-1] for i in batch}
     fed = [i for i in batch if rows[i]]
     if pre and not fed:  # the verifying forward served every candidate this model had to score
         s.scores_from_drafts += 1
     # per fed row, the entries read below and the tokens read there (a served model is asked for just these)
-    wanted = [{p - ctx - 1: sorted(s.end_ids) if seqs[i][p] == END else [seqs[i][p]] for p in batched[i]} for i in fed]
+    wanted = [{p - ctx - 1: read_ids(s, seqs[i][p]) for p in batched[i]} for i in fed]
     out = dict(zip(fed, s.score_rows(ctx, [rows[i] for i in fed], [full[i] for i in fed], wanted)))
     # the tokens read right after the committed ids (asked of a served model in one request)
     first_needed = {t for i in todo for p in range(starts[i], len(seqs[i])) if p == n_ids and aligned[i]
-                    for t in (s.end_ids if seqs[i][p] == END else [seqs[i][p]])}
+                    for t in read_ids(s, seqs[i][p])}
     first = s.next_exact(sorted(first_needed)) if first_needed else s.next_logprobs
     # every scored position's log-prob as one tensor, read back in one transfer (no host sync per token)
     picked: list[torch.Tensor] = []
@@ -135,7 +177,7 @@ def _logprobs(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Propos
         for p in range(starts[i], len(seqs[i])):
             dist = first if p == n_ids and aligned[i] else pre[i][p - n_ids - 1] if i in pre else out[i][p - ctx - 1]
             tok = seqs[i][p]
-            picked.append(end_logprobs(s, dist) if tok == END else dist[tok])
+            picked.append(token_logprob(s, dist, tok))
         spans[i] = (lo, len(picked))
     values = torch.stack(picked).tolist() if picked else []
     for i in todo:
@@ -144,7 +186,7 @@ def _logprobs(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Propos
 
 
 def _real(seq: list[int]) -> list[int]:
-    return seq[:-1] if seq and seq[-1] == END else seq
+    return seq[:-1] if seq and seq[-1] == END_MARK else seq
 
 
 def candidate_nll(c, model: str, normalize: str = "token") -> float | None:
@@ -154,3 +196,16 @@ def candidate_nll(c, model: str, normalize: str = "token") -> float | None:
     if v is None or normalize == "token":
         return v
     return v * c.n_tokens[model] / max(1, c.words + int(c.eos))
+
+
+def fused_score(c, weights: dict[str, float] | None = None, normalize: str = "token") -> float | None:
+    """Mean NLL (per token, or per word: `normalize`) of trace `Candidate` `c` over the models that scored it,
+    weighted by `weights` when given (Σ w·NLL / Σ w; a model of weight 0 is shown but does not count); None (ranked
+    last) when a counted model gives it probability 0."""
+    w = weights or {}
+    counted = {m: candidate_nll(c, m, normalize) for m in c.nll if w.get(m, 1.0) > 0}
+    if any(v is None and c.notes.get(m) == Unscored.ZERO_PROB for m, v in counted.items()):
+        return None
+    vals = [(w.get(m, 1.0), v) for m, v in counted.items() if v is not None]
+    total = sum(x for x, _ in vals)
+    return sum(x * v for x, v in vals) / total if total > 0 else None

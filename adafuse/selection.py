@@ -159,11 +159,9 @@ def _charge(row: dict, like: int, similarity: float, lam: float) -> None:
     row["score"] = row["logp"] - row["penalty"]
 
 
-def check_exploration(models: Sequence, config) -> None:
+def check_exploration(models: Sequence) -> None:
     """Raise ConfigError before any model prefills when exploration by embedding meets a model without its weights
-    here (a served model). For the decoder's settings validation."""
-    if getattr(config, "exploration", "surface") != "embedding" or config.method != "adafuse" or not config.diversity:
-        return  # only AdaFuse's diverse exploration selects first tokens
+    here (a served model); the methods that explore by embedding call it with their settings' checks."""
     for lm in models:
         if getattr(getattr(lm, "model", None), "get_input_embeddings", None) is None:
             raise ConfigError(NO_WEIGHTS.format(name=getattr(lm, "name", "a model")))

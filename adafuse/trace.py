@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from .errors import TraceError
@@ -11,11 +12,41 @@ from .errors import TraceError
 TRACE_VERSION = 3  # 2: end events with stop strings, notes, end_term, cut; 3: stop strings of several tokens
 
 
+class StepMode(StrEnum):
+    """What a model did in a round (`ModelStep.mode`); a str, so traces stay plain data."""
+    COMMIT = "commit"    # confident (Δ ≥ τ): a greedy span of up to M words
+    EXPLORE = "explore"  # uncertain: B first tokens, each finished into a word
+    BEAM = "beam"        # uncertain, diversity off: a width-B beam search over the word
+    SPAN = "span"        # fixed-span: a greedy span of exactly n words
+    GREEDY = "greedy"    # one model alone, word by word
+    WRITE = "write"      # mixture: the drawn model writes the word
+    TOKEN = "token"      # token union: the model's top-k next tokens
+    IDLE = "idle"        # did not act this round (mixture: not drawn)
+
+
+
+# How steps count in a round's kind and in the figures (plain strings compare equal: read traces too)
+EXPLORING = frozenset({StepMode.EXPLORE, StepMode.BEAM})                       # an uncertain model searched
+SPAN_WRITING = frozenset({StepMode.COMMIT, StepMode.GREEDY, StepMode.SPAN})    # wrote its own greedy span
+CONFIDENT = SPAN_WRITING | {StepMode.IDLE, StepMode.WRITE}  # a round of only these is a commit round
+
+
+class StopReason(StrEnum):
+    """Why a decode stopped (`Round.stop`, `Trace.stop_reason`); a failure is the text "error: ..." instead."""
+    STOP_STRING = "stop string"
+    EOS = "eos"
+    NO_PROGRESS = "no progress"
+    MAX_NEW_WORDS = "max_new_words"
+    MAX_NEW_TOKENS = "max_new_tokens"
+    CONTEXT_FULL = "context full"
+    CANCELLED = "cancelled"
+
+
 @dataclass
 class ModelStep:
     """What one model did in one round."""
     model: str
-    mode: str                      # "commit" | "explore" | "beam" | "span" | "greedy"
+    mode: str                      # a StepMode: commit, explore, beam, span, greedy, write, token or idle
     margins: list[float]           # Δ = p(top1) − p(top2) at every word start it looked at
     proposals: list[int]           # indices into the round's candidates, in proposal order
     forward_passes: int = 0        # model calls this round (proposing + scoring + catching up)
@@ -42,7 +73,7 @@ class Candidate:
     proposers: list[str]
     nll: dict[str, float | None]   # length-normalized NLL per model (None: not scored)
     n_tokens: dict[str, int]       # |T_m(c)| in context, per model
-    fused: float | None            # mean NLL over models
+    fused: float | None            # the fused score (scoring.fused_score: weighted mean NLL; lower is better)
     words: int = 0
     straddle: dict[str, bool] = field(default_factory=dict)  # a token crossed the y|c boundary
     notes: dict[str, str] = field(default_factory=dict)      # per model: why its nll is None
@@ -72,7 +103,7 @@ class Round:
         """"override", "commit" (every model confident) or "explore" (someone explored)."""
         if self.overridden:
             return "override"
-        return "commit" if all(s.mode in ("commit", "greedy", "span", "idle", "write") for s in self.steps) else "explore"
+        return "commit" if all(s.mode in CONFIDENT for s in self.steps) else "explore"
 
 
 @dataclass

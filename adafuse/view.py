@@ -1,9 +1,4 @@
-"""The small interface between the decoder and one model's view of the text `render(prompt) + y`.
-
-The decoder, the proposers (`candidates.py`), the scorer (`scoring.py`) and the methods (`methods.py`) talk to a
-model only through `ModelView` and `Branch`. `session.LocalSession` implements them for a local Hugging Face model
-with a KV cache; a model served by an inference engine over HTTP implements the same calls.
-"""
+"""The small interface between the decoder and one model's view of the text `render(prompt) + y`."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -28,7 +23,11 @@ class Branch(ABC):
 
 
 class ModelView(ABC):
-    """One model's view of a decode. Attributes every implementation keeps up to date:
+    """One model's view of a decode. The decoder, the proposers (`candidates.py`), the scorer (`scoring.py`) and the
+    methods (`methods.py`) talk to a model only through `ModelView` and `Branch`; `models.session.LocalSession`
+    implements them for a local model with a KV cache, `models.served.ServedSession` for a model served by an
+    inference engine over HTTP (`LoadedModel.open_view` gives the right one). Attributes every implementation keeps up
+    to date:
 
     name: str                 the model's name in the trace
     text: str                 the committed text y
@@ -44,12 +43,14 @@ class ModelView(ABC):
     next_logprobs: torch.Tensor
     end_ids: frozenset[int]
     banned_ids: frozenset[int]
-    # speculative proposals (`draft`): batched forwards that verified drafts, draft tokens verified, and tokens
-    # `extend` took from a verified draft instead of a forward of its own
-    verify_passes = 0
-    draft_tokens = 0
-    accepted_tokens = 0
-    scores_from_drafts = 0  # rounds whose scoring forward a verifying forward made unnecessary
+
+    def __init__(self):
+        # speculative proposals (`draft`): batched forwards that verified drafts, draft tokens verified, and tokens
+        # `extend` took from a verified draft instead of a forward of its own
+        self.verify_passes = 0
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.scores_from_drafts = 0  # rounds whose scoring forward a verifying forward made unnecessary
 
     # ---- text <-> tokens ----
     @abstractmethod

@@ -27,10 +27,10 @@ def margin(logprobs: torch.Tensor) -> float:
 
 def end_logprob(view: ModelView, logprobs: torch.Tensor) -> float:
     """log p(the answer ends here): every end token of the model together. Args: logprobs (V,)."""
-    return float(end_logprobs(view, logprobs))
+    return float(end_logprob_rows(view, logprobs))
 
 
-def end_logprobs(view: ModelView, logprobs: torch.Tensor) -> torch.Tensor:
+def end_logprob_rows(view: ModelView, logprobs: torch.Tensor) -> torch.Tensor:
     """log p(the answer ends here) for each row of `logprobs` (..., V) -> (...), on its device (no host sync)."""
     ids = token_index(view, "end_ids")
     if not ids.numel():

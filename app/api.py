@@ -1,12 +1,11 @@
 """Named API endpoints for scripts (`gradio_client`): `register()` adds /decode and /models to the app's Blocks."""
 import gradio as gr
 
-from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, AdaFuse, DecodeConfig, get_model
-from adafuse.decoder import MAX_MODELS
+from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, AdaFuse, DecodeConfig
+from adafuse.methods import MAX_MODELS
 from adafuse.errors import AdafuseError, ConfigError, PromptError
-from adafuse.loading import loaded_models
 
-from .controller import parse_stops
+from .controller import MODELS, parse_stops
 from .gpu import gpu
 
 
@@ -43,7 +42,7 @@ def decode(prompt: str, models: list[str] | str = ",".join(DEFAULT_PAIR), tau: f
             raise PromptError("the prompt is empty: give the text to continue, e.g. 'Question: ...\\nAnswer:'")
         cfg = DecodeConfig(tau=tau, max_words=max_words, branches=branches, max_new_words=max_new_words, mode=mode,
                            stop=_stops(stop), system=system, thinking=thinking)
-        lms = [get_model(n) for n in _model_names(models)]
+        lms = [MODELS.get(n) for n in _model_names(models)]
         trace = AdaFuse(lms, cfg).generate(prompt)
     except AdafuseError as exc:  # the client sees the message (gradio_client raises AppError with it); the server
         # log stays free of tracebacks for a caller's mistake
@@ -55,7 +54,7 @@ def decode(prompt: str, models: list[str] | str = ",".join(DEFAULT_PAIR), tau: f
 def list_models() -> dict:
     """Model names to try: the bundled pair (offline), the paper's models (Hub ids), and the models loaded now."""
     return {"bundled": list(BUNDLED), "default_pair": list(DEFAULT_PAIR), "paper": list(PAPER_MODELS),
-            "loaded": [lm.info() for lm in loaded_models()]}
+            "loaded": [lm.info() for lm in MODELS.loaded()]}
 
 
 def register() -> None:

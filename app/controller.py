@@ -9,22 +9,25 @@ from pathlib import Path
 
 from dataclasses import replace
 
-from adafuse import AdaFuse, DecodeConfig, Decoding, Trace, get_model
-from adafuse.decoder import LIVE_SETTINGS, branch_from
+from adafuse import AdaFuse, DecodeConfig, Decoding, Trace
+from adafuse.decoder import LIVE_SETTINGS
+from adafuse.replay import branch_from
 from adafuse.explain import token_view
 from adafuse.report import candidate_label
 from adafuse.errors import AdafuseError, ConfigError
 from adafuse.harness.evaluate import parse_methods
-from adafuse.loading import loaded_models, parse_spec, unload_model
-from adafuse.remote import is_remote_spec
+from adafuse.methods import METHODS, method_specs
+from adafuse.models import ModelRegistry, is_served_spec, parse_spec
 
-# Methods the page can decode side by side with the main one (label -> settings).
-COMPARE_METHODS = {"beam (no diversity)": {"method": "beam"}, "fixed span 1": {"method": "fixed-span", "span_words": 1},
-                   "fixed span 2": {"method": "fixed-span", "span_words": 2},
-                   "fixed span 3": {"method": "fixed-span", "span_words": 3},
-                   "token union (UniTE-style)": {"method": "token-union"}, "mixture (ME)": {"method": "mixture"}}
-EVAL_METHODS = ("adafuse", "greedy", "beam", "fixed-span-1", "fixed-span-2", "fixed-span-3", "token-union", "mixture")
+# The method registry's runs as the Evaluate tab offers them, and the ensembles the page can decode side by side
+# with the main one (label -> settings: every method but AdaFuse itself and one model alone, shown anyway).
+EVAL_METHODS = tuple(method_specs())
+COMPARE_METHODS = {METHODS[run.settings["method"]].label.format(n=run.settings.get("span_words")): run.settings
+                   for run in parse_methods(list(EVAL_METHODS), ["a", "b"])
+                   if METHODS[run.settings["method"]].models[0] > 1 and run.settings["method"] != "adafuse"}
 
+# The app's models: every visitor's decodes share them (each loaded once; the least recently used unloaded for room)
+MODELS = ModelRegistry()
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
@@ -60,7 +63,7 @@ def model_specs(names, device: str | None = None) -> list[str]:
     or None adds nothing. A bad device or dtype raises ModelLoadError here, before any model loads."""
     out = []
     for n in validate_models(names):
-        if device and device != "default" and parse_spec(n)[1] is None and not is_remote_spec(n):
+        if device and device != "default" and parse_spec(n)[1] is None and not is_served_spec(n):
             n = f"{n}@{device}"
         parse_spec(n)
         out.append(n)
@@ -74,7 +77,7 @@ LOADED_COLUMNS = {"model": "model", "device": "device", "dtype": "dtype", "memor
 def loaded_frame(models=None):
     """The loaded models (most recently used first) as a table; `models`: objects with `.info()`."""
     import pandas as pd
-    rows = [lm.info() for lm in (loaded_models() if models is None else models)]
+    rows = [lm.info() for lm in (MODELS.loaded() if models is None else models)]
     return pd.DataFrame([{LOADED_COLUMNS[k]: r.get(k) for k in LOADED_COLUMNS} for r in rows],
                         columns=list(LOADED_COLUMNS.values()))
 
@@ -82,7 +85,7 @@ def loaded_frame(models=None):
 def unload(name: str | None) -> str:
     if not name:
         raise ConfigError("pick a loaded model to unload")
-    if not unload_model(name):
+    if not MODELS.unload(name):
         return f"{name} is not loaded"
     return f"✓ unloaded {name} (its memory is freed once no decode in progress holds it)"
 
@@ -128,7 +131,7 @@ class Explorer:
         return self.trust_remote_code
 
     def _get(self, name: str):
-        return get_model(name, trust_remote_code=self.trusted)
+        return MODELS.get(name, trust_remote_code=self.trusted)
 
     def plan(self, names, cfg: DecodeConfig, prompt: str, device: str | None = None) -> tuple[str, str]:
         """What a Run or Step would do with these inputs: ("continue", changed live settings), ("new", ""), or

@@ -7,9 +7,9 @@ import gradio as gr
 import pandas as pd
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
-from adafuse.decoder import MAX_MODELS
+from adafuse.methods import MAX_MODELS
 from adafuse.errors import AdafuseError, ConfigError
-from adafuse.explain import token_view_html, tree_html
+from .explain_html import token_view_html, tree_html
 from adafuse.gate import load_gate
 from adafuse.harness.tasks import TASKS, data_source
 from adafuse.report import candidate_label

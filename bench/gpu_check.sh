@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check in one call (see adafuse/harness/gpu_check.py). Prepare here first, then carry bench/gpu:
+# The GPU check in one call (see adafuse/harness/gpu_check.py; the models and the reference timings it is compared
+# with: experiments/gpu_check.json). Prepare here first, then carry bench/gpu:
 #   ./dev python -m adafuse.harness.gpu_check --prepare bench/gpu
 # On the GPU box (torch + transformers installed, no Hub needed):
 #   bench/gpu_check.sh            # prints the checks and the table; full numbers in ${OUT:-/tmp}/gpu_check.json
@@ -7,4 +8,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
-exec "$PY" -m adafuse.harness.gpu_check --dir bench/gpu --out "${OUT:-/tmp}/gpu_check.json" "$@"
+exec "$PY" -m adafuse.harness.gpu_check --spec experiments/gpu_check.json --dir bench/gpu \
+    --out "${OUT:-/tmp}/gpu_check.json" "$@"

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adafuse.gate import load_gate  # noqa: E402
 from adafuse.harness.gate_train import TRAIN_OFFSET, decode_rewards, training_examples  # noqa: E402
 from adafuse.harness.tasks import DEFAULT_DATA  # noqa: E402
-from adafuse.loading import get_model  # noqa: E402
+from adafuse.models import get_model  # noqa: E402
 
 
 def main() -> None:

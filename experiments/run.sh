@@ -14,5 +14,5 @@ mkdir -p "$OUT"
 for f in "$OUT"/*.jsonl.gz; do [ -e "$f" ] && [ ! -e "${f%.gz}" ] && gunzip -k "$f"; done
 ${PYTHON:-.venv/bin/python} experiments/run.py --out "$OUT" --n-qa "${N_QA:-50}" --n-gsm "${N_GSM:-20}" --n-mt "${N_MT:-30}" \
     --workers "${WORKERS:-$(nproc)}" ${REDO:+--redo $REDO}
-${PYTHON:-.venv/bin/python} -m adafuse.harness.results "$OUT" docs
+${PYTHON:-.venv/bin/python} -m experiments.report "$OUT" docs
 gzip -nkf "$OUT"/*.jsonl

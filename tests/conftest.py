@@ -1,17 +1,71 @@
-"""Shared fixtures: the real bundled pair, loaded once per test session."""
+"""Shared fixtures (the real bundled pair, loaded once per session) and the test tiers.
+
+Every test is in exactly one tier (pyproject.toml registers them):
+  unit     toy models and hand-built traces: no real model, browser or server (`./dev test -m unit`, under a minute)
+  models   the real bundled pair (SmolLM2-135M-Instruct + Gemma-3-270M) or another real model
+  browser  the app in Chromium (tests/test_app_browser.py)
+  served   a model served by vLLM (tests/test_remote.py)
+A module's `pytestmark` or a test's own mark names its tier; otherwise a test that asks for a fixture holding a real
+model (`pair`, directly or through another fixture) is in `models`, and every other test is in `unit`. A unit test
+that loads real weights anyway fails with a message saying to mark it.
+"""
+import contextlib
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-from adafuse.harness.tasks import DEFAULT_DATA as SHARED  # noqa: E402  ($ADAFUSE_DATA or ../shared/data)
 
-assert (SHARED / "nq" / "prompt.txt").exists(), f"benchmark data not found at {SHARED}: set ADAFUSE_DATA"
+TIERS = ("unit", "models", "browser", "served")
+REAL_MODEL_FIXTURES = {"pair"}  # fixtures that hold a real model; fixtures built on them count through the closure
+
+
+def tier(item: pytest.Item) -> str:
+    """The test's one tier (collection has checked there is exactly one)."""
+    return next(m.name for m in item.iter_markers() if m.name in TIERS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by these marks
+def pytest_collection_modifyitems(config, items):
+    problems = []
+    for item in items:
+        named = {m.name for m in item.iter_markers() if m.name in TIERS}
+        real = REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if not named:
+            item.add_marker("models" if real else "unit")
+        elif len(named) > 1:
+            problems.append(f"{item.nodeid}: marked {', '.join(sorted(named))}; a test has exactly one tier")
+        elif named == {"unit"} and real:
+            problems.append(f"{item.nodeid}: marked unit but uses {', '.join(sorted(real))} (a real model)")
+    if problems:
+        raise pytest.UsageError("test tiers:\n  " + "\n  ".join(problems))
+
+
+@contextlib.contextmanager
+def no_real_weights(nodeid: str):
+    """Loading any transformers model fails: a unit test runs on toy models only."""
+    from transformers import PreTrainedModel
+    real = PreTrainedModel.__dict__["from_pretrained"]
+
+    def refuse(cls, *args, **kwargs):
+        raise AssertionError(f"{nodeid} loads a real model ({cls.__name__}): mark it @pytest.mark.models, or use "
+                             "the toy models of tests/toy.py")
+
+    PreTrainedModel.from_pretrained = classmethod(refuse)
+    try:
+        yield
+    finally:
+        PreTrainedModel.from_pretrained = real
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Around setup, call and teardown (module fixtures included) of every unit test."""
+    if tier(item) != "unit":
+        return (yield)
+    with no_real_weights(item.nodeid):
+        return (yield)
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +74,11 @@ def pair():
     logging.disable_progress_bar()
     from adafuse import DEFAULT_PAIR, get_model
     return [get_model(n) for n in DEFAULT_PAIR]
+
+
+@pytest.fixture(scope="session")
+def hamlet(pair):
+    """A short decode on the real pair and a later round with more than one candidate (to branch from, to explain)."""
+    from adafuse import AdaFuse, DecodeConfig
+    tr = AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=12)).generate("Question: Who wrote Hamlet?\nAnswer:")
+    return tr, next(r.index for r in tr.rounds if r.index > 0 and len(r.candidates) > 1)

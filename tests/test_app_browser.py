@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.browser
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SHOTS = ROOT / "artifacts" / "screenshots"
@@ -114,6 +116,15 @@ def upload_trace(pg, path) -> None:
     chooser.value.set_files(str(path))
 
 
+def cap_words(pg, n: int) -> None:
+    """Lower Max new words (an example set it) where a test needs no longer answer than `n` words."""
+    from playwright.sync_api import expect
+    box = pg.locator("#af-max-words input[type=number]")
+    box.fill(str(n))
+    box.press("Tab")
+    expect(pg.locator("#af-max-words input[type=range]")).to_have_value(str(n))
+
+
 def open_tab(pg, name: str):
     pg.get_by_role("tab", name=name).click()
     time.sleep(0.5)
@@ -215,10 +226,13 @@ def test_step_mode_with_an_override(page):
 def test_run_commits_the_step_pick_first_and_a_reset_is_not_undone_by_the_run(page):
     pg = page
     fresh(pg, "Chat · three colours", "primary colors")
+    pg.get_by_label("Also run each model alone (greedy)").uncheck()  # not looked at here
+    cap_words(pg, 16)
     step_and_pick_another(pg)
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done", 300)
     assert pg.locator('#af-fused .af-span[style*="e3d2fb"]').count() >= 1  # the pick was committed, as an override
+    pg.get_by_label("Also run each model alone (greedy)").check()
     fresh(pg, "Chat · tea tips", "cup of tea")
     pg.locator("#af-run").click()
     wait_status(pg, "round 1", 200)
@@ -264,18 +278,20 @@ def test_empty_prompt_shows_an_error(page):
 
 
 def test_an_empty_answer_says_why_in_its_place(page):
-    """Issue 14's De→En example (data line 3) with equal weights: the end of the answer wins round 0, and the page says
+    """Flores De→En, data line 3, with equal weights: the end of the answer wins round 0, and the page says
     so where the answer would be, with the numbers and whose weight to raise."""
-    from tests.test_speculate import flores_prompt
+    from tests.real import flores_prompt
     pg = page
     fresh(pg, "Translate · German → English", "Wetter")  # raw mode, stop \n
     pg.locator("#af-prompt textarea").fill(flores_prompt(2))
+    pg.get_by_label("Also run each model alone (greedy)").uncheck()  # the fused answer is the one looked at
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done")
     shown = pg.locator("#af-fused .af-out").inner_text()
     assert "in round 0 the end of the answer scored" in shown and "no higher than every candidate with text" in shown
     assert "under smollm2-135m-instruct" in shown and "Weigh gemma3-270m more (Model weights)" in shown, shown
     pg.screenshot(path=str(SHOTS / "empty-answer.png"), full_page=True)
+    pg.get_by_label("Also run each model alone (greedy)").check()
 
 
 def test_decision_tree_branches_and_token_view(page):
@@ -284,6 +300,7 @@ def test_decision_tree_branches_and_token_view(page):
     pg = page
     fresh(pg, "Chat · three colours", "primary colors")
     pg.get_by_label("Also run each model alone (greedy)").uncheck()
+    cap_words(pg, 16)
     pg.locator("#af-run").click()
     assert "gemma3-270m has no chat template" in wait_status(pg, "✓ done")  # chat read raw: said on the page
     assert "read raw (no chat template): gemma3-270m" in pg.locator("#af-fused .af-legend").inner_text()

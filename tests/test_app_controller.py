@@ -1,5 +1,5 @@
-"""The app's non-UI logic: stop parsing, model-count checks, model placement, the loaded-models table, disagreement
-listing, friendly errors (no model loads here)."""
+"""The app's non-UI logic (app/controller.py): stop parsing, model-count checks, model placement, the loaded-models
+table, disagreement listing, friendly errors, step mode across settings changes."""
 import pytest
 
 import app.controller as controller
@@ -57,7 +57,7 @@ def test_device_for_all_models_goes_only_where_a_name_has_no_placement():
 def test_bad_placements_raise_typed_errors_before_anything_loads(monkeypatch):
     import torch
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(controller, "get_model", lambda n, **kw: pytest.fail(f"{n} should not load"))
+    monkeypatch.setattr(controller.MODELS, "get", lambda n, **kw: pytest.fail(f"{n} should not load"))
     assert model_specs(["a", "b"], "cuda:0") == ["a@cuda:0", "b@cuda:0"]
     for names, device, says in ((["a@gpu", "b"], None, "is not a device"), (["a", "b"], "cuda:3", "1 CUDA device"),
                                 (["a@cpu,int8", "b"], "cpu", "unknown dtype")):
@@ -84,7 +84,7 @@ def test_load_passes_the_placed_specs_to_get_model(monkeypatch):
         def describe(self):
             return f"{self.spec} ready"
 
-    monkeypatch.setattr(controller, "get_model", lambda n, trust_remote_code: seen.append((n, trust_remote_code))
+    monkeypatch.setattr(controller.MODELS, "get", lambda n, trust_remote_code: seen.append((n, trust_remote_code))
                         or Fake(n))
     assert Explorer().load(["a", "b@cpu"], "cpu") == "✓ a@cpu ready\n✓ b@cpu ready"
     assert Explorer(trust_remote_code=True).load(["c", "d"]) == "✓ c ready\n✓ d ready"  # the page's switch
@@ -108,13 +108,13 @@ def test_loaded_models_table(monkeypatch):
                                            "notes": "inner layers as W·xᵀ"}
     empty = loaded_frame([])
     assert empty.empty and list(empty.columns) == list(frame.columns)
-    monkeypatch.setattr(controller, "loaded_models", lambda: [FakeLoaded("c", "cpu")])
-    assert loaded_frame()["model"].tolist() == ["c"]  # the registry by default
+    monkeypatch.setattr(controller.MODELS, "loaded", lambda: [FakeLoaded("c", "cpu")])
+    assert loaded_frame()["model"].tolist() == ["c"]  # the app's registry by default
 
 
 def test_unload_says_what_it_did(monkeypatch):
     gone = []
-    monkeypatch.setattr(controller, "unload_model", lambda n: n == "a" and not gone.append(n))
+    monkeypatch.setattr(controller.MODELS, "unload", lambda n: n == "a" and not gone.append(n))
     assert "unloaded a" in unload("a") and gone == ["a"]
     assert "not loaded" in unload("b")
     with pytest.raises(ConfigError):
@@ -136,6 +136,37 @@ def test_the_same_model_twice_is_refused_with_a_reason():
     with pytest.raises(ConfigError, match="picked twice"):
         validate_models(["a", "b", "a"])
     assert validate_models(["a@cpu", "a"]) == ["a@cpu", "a"]  # copies placed apart are different members
+
+
+def test_remote_code_is_refused_where_the_server_does_not_allow_it(monkeypatch):
+    """On a public Space a visitor's "Trust remote code" would run any repository's Python on the server: off there
+    unless the operator turns it on; on one's own machine on unless turned off."""
+    from app.controller import remote_code_allowed
+    monkeypatch.delenv("ADAFUSE_ALLOW_REMOTE_CODE", raising=False)
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert remote_code_allowed()
+    monkeypatch.setenv("SPACE_ID", "user/space")
+    assert not remote_code_allowed()
+    ex = Explorer(trust_remote_code=True)
+    with pytest.raises(ConfigError, match="ADAFUSE_ALLOW_REMOTE_CODE"):
+        ex.load(["smollm2-135m-instruct", "gemma3-270m"])
+    assert Explorer(trust_remote_code=False).trusted is False  # untrusting is always fine
+    monkeypatch.setenv("ADAFUSE_ALLOW_REMOTE_CODE", "1")
+    assert remote_code_allowed() and Explorer(trust_remote_code=True).trusted
+    monkeypatch.delenv("SPACE_ID")
+    monkeypatch.setenv("ADAFUSE_ALLOW_REMOTE_CODE", "0")
+    assert not remote_code_allowed()
+
+
+def test_a_branch_from_the_candidate_already_chosen_is_refused_before_any_model_loads():
+    from adafuse.trace import Candidate, ModelStep, Round, Trace
+    r = Round(index=0, steps=[ModelStep("m", "explore", [0.1], [0, 1])], chosen=1, winner=1, text=" y", words=1,
+              seconds=0.0, candidates=[Candidate(" x", False, ["m"], {}, {}, None, 1),
+                                       Candidate(" y", False, ["m"], {}, {}, None, 1)])
+    ex = Explorer(trace=Trace(prompt="p", models=["no-such-model"], settings={}, prompt_modes={}, rounds=[r],
+                              output=" y"))
+    with pytest.raises(ConfigError, match="round 0 already chose"):
+        next(ex.branch(0, 1))
 
 
 def test_step_mode_keeps_its_rounds_when_settings_change(pair):
@@ -164,65 +195,3 @@ def test_step_mode_keeps_its_rounds_when_settings_change(pair):
     from adafuse import Trace
     again = Trace.from_dict(d.trace.to_dict())  # the change survives export and load
     assert again.changes == d.trace.changes
-
-
-def test_picking_a_gate_sets_the_nll_averaging_it_was_trained_with(tmp_path):
-    from adafuse.gate import Gate
-    from app.ui import gate_normalize
-    word, token = tmp_path / "word.json", tmp_path / "token.json"
-    Gate(["a", "b"], Gate.zeros(["a", "b"]).W, [0.0, 0.0], trained={"normalize": "word"}).save(word)
-    Gate.zeros(["a", "b"]).save(token)
-    assert gate_normalize(str(word), "per token (paper)") == "per word"
-    assert gate_normalize(str(token), "per word") == "per token (paper)"
-    assert gate_normalize("", "per word") == "per word"  # no gate: the user's choice stays
-    (tmp_path / "bad.json").write_text("not json")
-    assert gate_normalize(str(tmp_path / "bad.json"), "per word") == "per word"  # the run reports the bad file
-
-
-def test_remote_code_is_refused_where_the_server_does_not_allow_it(monkeypatch):
-    """On a public Space a visitor's "Trust remote code" would run any repository's Python on the server: off there
-    unless the operator turns it on; on one's own machine on unless turned off."""
-    from app.controller import remote_code_allowed
-    monkeypatch.delenv("ADAFUSE_ALLOW_REMOTE_CODE", raising=False)
-    monkeypatch.delenv("SPACE_ID", raising=False)
-    assert remote_code_allowed()
-    monkeypatch.setenv("SPACE_ID", "user/space")
-    assert not remote_code_allowed()
-    ex = Explorer(trust_remote_code=True)
-    with pytest.raises(ConfigError, match="ADAFUSE_ALLOW_REMOTE_CODE"):
-        ex.load(["smollm2-135m-instruct", "gemma3-270m"])
-    assert Explorer(trust_remote_code=False).trusted is False  # untrusting is always fine
-    monkeypatch.setenv("ADAFUSE_ALLOW_REMOTE_CODE", "1")
-    assert remote_code_allowed() and Explorer(trust_remote_code=True).trusted
-    monkeypatch.delenv("SPACE_ID")
-    monkeypatch.setenv("ADAFUSE_ALLOW_REMOTE_CODE", "0")
-    assert not remote_code_allowed()
-
-
-def test_slider_boxes_take_whole_counts_and_some_weight():
-    from app.ui import _settings
-    base = dict(names=["a", "b"], tau=0.7, max_words=3, branches=3, diversity=True, exploration="surface", lam=1.0,
-                max_new_words=20, max_new_tokens=80, mode="raw", stop="", system="", thinking="template default",
-                speculate=False, normalize="per token (paper)", gate="")
-
-    def settings(weights=(1, 1), **kw):
-        return _settings(*{**base, **kw}.values(), *weights)
-
-    assert settings(max_words=2.0).max_words == 2 and settings(weights=(1, 3)).weights == (1.0, 3.0)
-    for key, value, named in (("max_words", 2.5, "M"), ("branches", "x", "B"), ("max_new_words", None, "Max new words")):
-        with pytest.raises(ConfigError, match=f"{named}.*whole number"):
-            settings(**{key: value})
-    with pytest.raises(ConfigError, match="weight is 0"):
-        settings(weights=(0, 0))
-    assert settings(weights=(0, 0), gate="g.json").gate == "g.json"  # a gate replaces the sliders
-
-
-def test_a_branch_from_the_candidate_already_chosen_is_refused_before_any_model_loads():
-    from adafuse.trace import Candidate, ModelStep, Round, Trace
-    r = Round(index=0, steps=[ModelStep("m", "explore", [0.1], [0, 1])], chosen=1, winner=1, text=" y", words=1,
-              seconds=0.0, candidates=[Candidate(" x", False, ["m"], {}, {}, None, 1),
-                                       Candidate(" y", False, ["m"], {}, {}, None, 1)])
-    ex = Explorer(trace=Trace(prompt="p", models=["no-such-model"], settings={}, prompt_modes={}, rounds=[r],
-                              output=" y"))
-    with pytest.raises(ConfigError, match="round 0 already chose"):
-        next(ex.branch(0, 1))

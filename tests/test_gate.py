@@ -1,13 +1,14 @@
-"""The learned gate: per-round weights from the models' features, checked files, and training from answer rewards."""
+"""The learned gate (adafuse/gate.py): per-round weights from the models' features, and checked files."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from adafuse import AdaFuse, DecodeConfig
+from adafuse import DEFAULT_PAIR, AdaFuse, DecodeConfig
 from adafuse.gate import FEATURES, Gate, GateError, entropy, gate_weights, load_gate
 from adafuse.trace import Trace
-from tests.test_decoder_toy import first_round, pair
+from tests.toy import first_round, toy_pair
 
 
 def write(tmp_path, gate: Gate, name="gate.json"):
@@ -40,7 +41,7 @@ def test_a_gate_leaning_on_one_model_changes_the_winner_and_round_trips(tmp_path
         if c.fused is not None:
             assert c.fused == pytest.approx((wa * c.nll["a"] + wb * c.nll["b"]) / (wa + wb))
     assert equal.candidates[equal.winner].text == " Paris" and gated.candidates[gated.winner].text == " London"
-    d = AdaFuse(pair(), DecodeConfig(tau=0.7, branches=3, max_words=1, gate=path)).start("Q")
+    d = AdaFuse(toy_pair(), DecodeConfig(tau=0.7, branches=3, max_words=1, gate=path)).start("Q")
     d.step()
     back = Trace.from_dict(json.loads(d.trace.to_json())).rounds[0]
     assert back.weights == d.trace.rounds[0].weights and back.features == d.trace.rounds[0].features
@@ -62,7 +63,7 @@ def test_features_decide_weights_per_round(tmp_path):
 
 
 def test_gate_files_are_checked_before_any_model_prefills(tmp_path):
-    models = pair()
+    models = toy_pair()
     wrong = write(tmp_path, Gate.zeros(["x", "y"]), "wrong.json")
     with pytest.raises(GateError, match="trained for the models x, y"):
         AdaFuse(models, DecodeConfig(gate=wrong)).start("Q")
@@ -86,7 +87,7 @@ def test_gate_files_are_checked_before_any_model_prefills(tmp_path):
 def test_a_gate_trained_per_word_refuses_per_token_scores(tmp_path):
     """A gate's weights are tuned to the NLL averaging it learned with: another one is a typed error before any
     prefill, when a decode starts and when settings change mid-decode."""
-    models, names = pair(), ["a", "b"]
+    models, names = toy_pair(), ["a", "b"]
     word = write(tmp_path, Gate(names, Gate.zeros(names).W, [0.0, 0.0], trained={"normalize": "word"}), "word.json")
     token = write(tmp_path, Gate.zeros(names), "token.json")
     assert load_gate(word).normalize == "word" and load_gate(token).normalize == "token"
@@ -108,58 +109,17 @@ def test_entropy_of_a_top_k_distribution():
     assert entropy(torch.full((4,), float("-inf"))) == 0.0
 
 
-def test_gate_training_learns_from_answer_rewards_and_resumes(pair, tmp_path):
-    """Two REINFORCE steps on held-out NQ lines with the real pair write a gate; a longer run resumes from the
-    checkpoint (same example order and samples), and the gate decodes."""
-    from adafuse.harness import gate_train
-    from tests.conftest import SHARED
-    out = tmp_path / "qa.json"
-    said = []
-    kw = dict(models=[m.name for m in pair], tasks=["nq"], out=out, data=SHARED, offset=101, per_task=3, seed=1,
-              save_every=1, progress=False, log=said.append)
-    gate_train.train(steps=2, **kw)
-    g = load_gate(out)
-    assert g.models == [m.name for m in pair] and g.trained["offset"] == 101
-    assert [c["line"] >= 101 for c in g.trained["curve"]] == [True, True]
-    gate_train.train(steps=3, **kw)
-    assert any("resuming" in s and "step 2" in s for s in said)
-    again = load_gate(out)
-    assert [c["line"] for c in again.trained["curve"][:2]] == [c["line"] for c in g.trained["curve"]]
-    tr = AdaFuse(pair, DecodeConfig(max_new_words=4, gate=str(out), stop=("\n",))).generate("Question: Who wrote Hamlet?\nAnswer:")
-    scored = [r for r in tr.rounds if r.features]
-    assert all(set(r.weights) == {m.name for m in pair} for r in scored)
-    with pytest.raises(Exception, match="other settings"):
-        gate_train.train(steps=4, **{**kw, "seed": 2})
-
-
-def test_the_views_show_the_gate_weights(tmp_path):
-    from adafuse.harness.figures import margins_figure, pool_figure
-    g = Gate.zeros(["a", "b"])
-    g.b = [0.0, 1.0]
-    tr = AdaFuse(pair(), DecodeConfig(tau=0.7, branches=3, max_words=1, max_new_words=3,
-                                      gate=write(tmp_path, g))).generate("Q")
-    fig = margins_figure(tr)
-    shares = [t for t in fig.data if t.name and t.name.endswith("gate weight share")]
-    assert [t.name for t in shares] == ["a · gate weight share", "b · gate weight share"]
-    gated = [r for r in tr.rounds if r.features]
-    assert list(shares[1].y) == pytest.approx([torch.e / (1 + torch.e)] * len(gated))
-    scored = next(r.index for r in gated)
-    assert any("gate weighted mean" in (t.name or "") for t in pool_figure(tr, scored).data)
+def test_a_model_alone_ignores_the_ensemble_gate(tmp_path):
+    """The app's "each model alone" runs share the ensemble's settings: a gate for the pair must not refuse them."""
+    path = write(tmp_path, Gate.zeros(["a", "b"]))
+    tr = AdaFuse([toy_pair()[0]], DecodeConfig(method="greedy", max_new_words=2, gate=path)).generate("Q")
+    assert tr.output and all(not r.features for r in tr.rounds)
 
 
 def test_shipped_gates_are_for_the_bundled_pair_and_trained_on_held_out_lines():
-    from pathlib import Path
-    from adafuse import DEFAULT_PAIR
     shipped = sorted((Path(__file__).resolve().parents[1] / "assets" / "gates").glob("*.json"))
     assert {p.stem for p in shipped} >= {"qa", "mt"}
     for path in shipped:
         g = load_gate(path)
         assert g.models == list(DEFAULT_PAIR) and g.parameters <= 300
         assert g.trained["offset"] > 50 and all(c["line"] >= g.trained["offset"] for c in g.trained["curve"])
-
-
-def test_a_model_alone_ignores_the_ensemble_gate(tmp_path):
-    """The app's "each model alone" runs share the ensemble's settings: a gate for the pair must not refuse them."""
-    path = write(tmp_path, Gate.zeros(["a", "b"]))
-    tr = AdaFuse([pair()[0]], DecodeConfig(method="greedy", max_new_words=2, gate=path)).generate("Q")
-    assert tr.output and all(not r.features for r in tr.rounds)

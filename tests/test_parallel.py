@@ -1,4 +1,5 @@
-"""Models side by side: one worker per model gives the same trace as running them one after another."""
+"""Models side by side (adafuse/parallel.py): one worker per model gives the same trace as running them one after
+another."""
 import threading
 import time
 
@@ -7,10 +8,9 @@ import torch
 
 from adafuse import AdaFuse, DecodeConfig
 from adafuse.errors import ModelLoadError
-from adafuse.loading import parse_spec
 from adafuse.parallel import Workers
-from adafuse.session import PREFIXES
-from tests.test_real_models import gsm8k_prompt, qa_prompt
+from tests.real import gsm8k_prompt, qa_prompt
+from tests.toy import toy_pair
 
 
 class FakeModel:
@@ -73,65 +73,6 @@ def test_an_error_in_one_worker_is_raised_after_the_others_finish():
     assert finished == [1]
 
 
-def test_model_specs_place_models_and_reject_bad_devices():
-    assert parse_spec("gemma3-270m") == ("gemma3-270m", None, None)
-    assert parse_spec("gemma3-270m@cpu,bfloat16") == ("gemma3-270m", "cpu", "bfloat16")
-    for bad, msg in (("gemma3-270m@gpu", "not a device"), ("gemma3-270m@cpu,int3", "unknown dtype")):
-        with pytest.raises(ModelLoadError, match=msg):
-            parse_spec(bad)
-    if torch.cuda.device_count() < 8:
-        with pytest.raises(ModelLoadError, match="CUDA device"):
-            parse_spec("gemma3-270m@cuda:7")
-
-
-def _without_timings(tr) -> dict:
-    d = tr.to_dict()
-    d.pop("seconds"), d.pop("workers")
-    for p in d["prefill"].values():
-        p.pop("seconds")
-    for r in d["rounds"]:
-        r.pop("seconds")
-        for s in r["steps"]:
-            s.pop("seconds")
-    return d
-
-
-@pytest.mark.parametrize("case", ["triviaqa", "gsm8k", "mixture", "chat"])
-def test_parallel_models_write_the_same_trace_as_sequential(pair, case):
-    prompt = gsm8k_prompt(2) if case == "gsm8k" else qa_prompt("triviaqa", 3)
-    cfg = {"triviaqa": DecodeConfig(stop=("\n",), max_new_words=20),
-           "gsm8k": DecodeConfig(stop=("\n\nQuestion:",), max_new_words=24, branches=2),
-           "mixture": DecodeConfig(stop=("\n",), method="mixture", seed=3, max_new_words=20),
-           "chat": DecodeConfig(mode="chat", max_new_words=16)}[case]
-    if case == "chat":
-        prompt = "Name two rivers of Europe."
-    traces = {}
-    for parallel in (False, True):
-        PREFIXES.entries.clear()  # both decodes prefill from scratch
-        traces[parallel] = AdaFuse(pair, cfg, parallel=parallel, threads=1).generate(prompt)
-    seq, par = traces[False], traces[True]
-    assert seq.workers.startswith("sequential") and par.workers.startswith("parallel")
-    if case == "mixture":  # side by side the idle model catches up every round (free), one after another when drawn
-        assert seq.output == par.output and [r.text for r in seq.rounds] == [r.text for r in par.rounds]
-    else:
-        assert _without_timings(seq) == _without_timings(par)  # bit for bit: every margin, NLL, count
-    assert seq.rounds and seq.output.strip()
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_models_on_cuda_decode_with_true_seconds():
-    from adafuse import get_model
-    from adafuse.loading import DEFAULT_PAIR
-    n = torch.cuda.device_count()
-    models = [get_model(f"{name}@cuda:{i % n}") for i, name in enumerate(DEFAULT_PAIR)]
-    assert all(lm.device.type == "cuda" and lm.dtype == torch.bfloat16 for lm in models)
-    tr = AdaFuse(models, DecodeConfig(stop=("\n",), max_new_words=12)).generate(qa_prompt("nq", 1))
-    assert tr.output.strip() and tr.workers.startswith("parallel")
-    for name in tr.models:
-        cost = tr.cost(name)
-        assert cost["forward_passes"] > 0 and cost["seconds"] > 0
-
-
 def test_the_default_puts_models_side_by_side_only_in_places_of_their_own():
     class OnGPU:
         device = torch.device("cuda", 0)
@@ -150,30 +91,8 @@ def test_the_default_puts_models_side_by_side_only_in_places_of_their_own():
     assert not Workers([OnGPU(), OnGPU1(), FakeModel(), FakeModel()]).parallel  # two share the CPU
 
 
-def test_models_sharing_the_cpu_go_side_by_side_when_the_machine_measures_it_faster(pair, monkeypatch):
-    import adafuse.parallel as par
-    seq, side = par.measure_cpu_side_by_side(pair, 1)  # the probe on the real pair: a few forwards
-    assert seq > 0 and side > 0
-    assert par.measure_cpu_side_by_side(pair, 1) == (seq, side)  # measured once per process
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # a process that may run a thread per model
-    for measured, chosen in (((1.0, 0.6), True), ((1.0, 0.95), False)):
-        monkeypatch.setattr(par, "measure_cpu_side_by_side", lambda models, threads, m=measured: m)
-        w = Workers(pair)
-        assert w.parallel is chosen and w.measured == measured
-        assert f"measured side by side {measured[1]:.2f}× one after another" in w.describe()
-        assert w.describe().startswith("parallel" if chosen else "sequential")
-        w.close()
-    # an explicit choice, or a thread budget, is not second-guessed
-    assert Workers(pair, parallel=False).measured is None and not Workers(pair, threads=1).parallel
-    # a process given fewer torch threads than models (one worker process per core) takes turns without probing
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    one = Workers(pair)
-    assert not one.parallel and one.measured is None
-
-
 @pytest.mark.parametrize("ending", ["finished", "cancelled"])
 def test_side_by_side_the_mixture_does_not_wait_for_an_idle_model_catching_up(ending):
-    from tests.test_decoder_toy import pair as toy_pair
     a, b = toy_pair()
     hold, entered, released, waited = [False], threading.Event(), threading.Event(), []
     forward = b.model.forward
@@ -207,37 +126,10 @@ def test_side_by_side_the_mixture_does_not_wait_for_an_idle_model_catching_up(en
     assert charged == d.sessions[1].forward_passes - d.trace.prefill["b"]["forward_passes"] > 0
 
 
-def test_the_mixture_draws_as_random_choices_and_a_weight_change_counts_from_the_next_round():
-    import random
-    from dataclasses import replace
-    from adafuse.methods import writer
-    from tests.test_decoder_toy import pair as toy_pair
-    for seed in range(10):
-        for weights in ((), (1, 1), (0.2, 0.8), (1, 0), (0, 3, 1)):
-            n = len(weights) or 2
-            ours, theirs = random.Random(seed), random.Random(seed)
-            assert [writer(ours.random(), n, weights) for _ in range(40)] == \
-                [theirs.choices(range(n), weights=weights or None)[0] for _ in range(40)]
-    # a seed whose second draw picks b at equal weights; b is switched off after the first round
-    def second_draw(s):
-        r = random.Random(s)
-        r.random()
-        return r.random()
-    seed = next(s for s in range(100) if second_draw(s) >= 0.5)
-    for parallel in (False, True):
-        d = AdaFuse(toy_pair(), DecodeConfig(method="mixture", weights=(1, 1), seed=seed, temperature=0),
-                    parallel=parallel).start("Q")
-        d.commit()
-        d.reconfigure(replace(d.config, weights=(1, 0)))
-        later = list(d)
-        assert later and all(r.steps[1].mode == "idle" for r in later)
-
-
 def test_the_mixture_takes_turns_on_a_shared_cpu_unless_side_by_side_is_asked_for(monkeypatch):
     """One model writes each word, so there is nothing to overlap but catch-ups, which ride along with the writer's
     forward: models sharing the CPU take turns without probing; asked for, side by side gives the same text."""
     import adafuse.parallel as par
-    from tests.test_decoder_toy import pair as toy_pair
     probed = []
     monkeypatch.setattr(par, "_measure_or_none", lambda models: probed.append(1) or (1.0, 0.5))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
@@ -255,27 +147,71 @@ def test_the_mixture_takes_turns_on_a_shared_cpu_unless_side_by_side_is_asked_fo
         [r.text for r in both.trace.rounds] == [r.text for r in turns.trace.rounds]
 
 
+def _without_timings(tr) -> dict:
+    d = tr.to_dict()
+    d.pop("seconds"), d.pop("workers")
+    for p in d["prefill"].values():
+        p.pop("seconds")
+    for r in d["rounds"]:
+        r.pop("seconds")
+        for s in r["steps"]:
+            s.pop("seconds")
+    return d
 
-def test_the_benchmark_measures_each_model_on_every_thread_and_on_its_share(pair, monkeypatch):
-    from adafuse.harness import bench
-    if any(m.device.type != "cpu" for m in pair):
-        with pytest.raises(ValueError, match="CPU"):
-            bench.cpu_step_seconds(pair)
-        return
-    before, applied = torch.get_num_threads(), []
-    real = torch.set_num_threads
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # a process with two threads, shared by two models
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: (applied.append(n), real(n)))
-    try:
-        every, share, timings = bench.cpu_step_seconds(pair, context=32, steps=2)
-    finally:
-        real(before)  # the function put back what get_num_threads said (2); this process had `before`
-    assert (every, share) == (2, 1)
-    # per model: its threads set for the run on every thread, put back, then its share, put back
-    assert applied == [2, 2, 1, 2] * len(pair)
-    assert [t[0] for t in timings] == [m.name for m in pair] and all(a > 0 and b > 0 for _, a, b in timings)
-    monkeypatch.undo()
-    # the ratio: the slower model on its share over all models on every thread, added up
-    assert bench.floor_ratio([("a", 0.030, 0.040), ("b", 0.040, 0.064)]) == pytest.approx(0.064 / 0.070)
-    lines = bench.side_by_side_floor(pair, context=32, steps=2)
-    assert len(lines) == 2 + len(pair) and "at best the slower model's" in lines[-1]
+
+@pytest.mark.parametrize("case", ["triviaqa", "gsm8k", "mixture", "chat"])
+def test_parallel_models_write_the_same_trace_as_sequential(pair, case):
+    prompt = gsm8k_prompt(2) if case == "gsm8k" else qa_prompt("triviaqa", 3)
+    cfg = {"triviaqa": DecodeConfig(stop=("\n",), max_new_words=20),
+           "gsm8k": DecodeConfig(stop=("\n\nQuestion:",), max_new_words=16, branches=2),
+           "mixture": DecodeConfig(stop=("\n",), method="mixture", seed=3, max_new_words=20),
+           "chat": DecodeConfig(mode="chat", max_new_words=16)}[case]
+    if case == "chat":
+        prompt = "Name two rivers of Europe."
+    traces = {}
+    for parallel in (False, True):
+        for lm in pair:
+            lm.prefixes.clear()  # both decodes prefill from scratch
+        traces[parallel] = AdaFuse(pair, cfg, parallel=parallel, threads=1).generate(prompt)
+    seq, par = traces[False], traces[True]
+    assert seq.workers.startswith("sequential") and par.workers.startswith("parallel")
+    if case == "mixture":  # side by side the idle model catches up every round (free), one after another when drawn
+        assert seq.output == par.output and [r.text for r in seq.rounds] == [r.text for r in par.rounds]
+    else:
+        assert _without_timings(seq) == _without_timings(par)  # bit for bit: every margin, NLL, count
+    assert seq.rounds and seq.output.strip()
+
+
+def test_models_sharing_the_cpu_go_side_by_side_when_the_machine_measures_it_faster(pair, monkeypatch):
+    import adafuse.parallel as par
+    seq, side = par.measure_cpu_side_by_side(pair, 1)  # the probe on the real pair: a few forwards
+    assert seq > 0 and side > 0
+    assert par.measure_cpu_side_by_side(pair, 1) == (seq, side)  # measured once per process
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # a process that may run a thread per model
+    for measured, chosen in (((1.0, 0.6), True), ((1.0, 0.95), False)):
+        monkeypatch.setattr(par, "measure_cpu_side_by_side", lambda models, threads, m=measured: m)
+        w = Workers(pair)
+        assert w.parallel is chosen and w.measured == measured
+        assert f"measured side by side {measured[1]:.2f}× one after another" in w.describe()
+        assert w.describe().startswith("parallel" if chosen else "sequential")
+        w.close()
+    # an explicit choice, or a thread budget, is not second-guessed
+    assert Workers(pair, parallel=False).measured is None and not Workers(pair, threads=1).parallel
+    # a process given fewer torch threads than models (one worker process per core) takes turns without probing
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    one = Workers(pair)
+    assert not one.parallel and one.measured is None
+
+
+@pytest.mark.models
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_models_on_cuda_decode_with_true_seconds():
+    from adafuse import DEFAULT_PAIR, get_model
+    n = torch.cuda.device_count()
+    models = [get_model(f"{name}@cuda:{i % n}") for i, name in enumerate(DEFAULT_PAIR)]
+    assert all(lm.device.type == "cuda" and lm.dtype == torch.bfloat16 for lm in models)
+    tr = AdaFuse(models, DecodeConfig(stop=("\n",), max_new_words=12)).generate(qa_prompt("nq", 1))
+    assert tr.output.strip() and tr.workers.startswith("parallel")
+    for name in tr.models:
+        cost = tr.cost(name)
+        assert cost["forward_passes"] > 0 and cost["seconds"] > 0

@@ -1,4 +1,4 @@
-"""A toy causal LM with hand-set next-token tables, and a max-munch tokenizer, for exact tests.
+"""A toy causal LM with hand-set next-token tables, a max-munch tokenizer, and the toy pair most tests decode with.
 
 The toy model stores token ids in its KV cache, so its next-token distribution is a function of the
 whole context as the cache holds it: a wrongly cropped or re-fed cache changes the answer.
@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import torch
 
-from adafuse.loading import LoadedModel
+from adafuse import AdaFuse, DecodeConfig
+from adafuse.models import LocalModel
 
 
 class ToyTokenizer:
@@ -96,11 +97,32 @@ class ToyLM(torch.nn.Module):
         return SimpleNamespace(logits=logits.float())
 
 
-def toy_model(name: str, vocab: list[str], rules: dict, **kw) -> LoadedModel:
+def toy_model(name: str, vocab: list[str], rules: dict, **kw) -> LocalModel:
     tok = ToyTokenizer(vocab)
-    return LoadedModel.from_objects(name, ToyLM(tok, rules, **kw), tok)
+    return LocalModel.from_objects(name, ToyLM(tok, rules, **kw), tok)
 
 
 def nll(*probs: float) -> float:
     """Length-normalized NLL of a token sequence with these probabilities."""
     return -sum(math.log(p) for p in probs) / len(probs)
+
+
+V = ["Q", " Paris", "Paris", " London", ".", " is", " nice", "\n", " big", "ab"]
+
+# a: confident; b: unsure between London and Paris.
+A_RULES = {"Q": {" Paris": 0.9, " London": 0.05}, " Paris": {" is": 0.8, " big": 0.05},
+           " is": {" nice": 0.9}, " nice": {".": 0.9}, ".": {"<eos>": 0.9}, " London": {" is": 0.5}}
+B_RULES = {"Q": {" London": 0.5, " Paris": 0.3, "Paris": 0.15, "\n": 0.04}, " London": {" is": 0.9},
+           " Paris": {" is": 0.6, " big": 0.3}, " is": {" nice": 0.5, " big": 0.4}, " nice": {".": 0.99},
+           ".": {"<eos>": 0.99}}
+
+
+def toy_pair(**rules) -> tuple[LocalModel, LocalModel]:
+    """Models a and b over V, with A_RULES and B_RULES unless `a=` or `b=` replaces them."""
+    return toy_model("a", V, rules.get("a", A_RULES)), toy_model("b", V, rules.get("b", B_RULES))
+
+
+def first_round(cfg: DecodeConfig, models=None):
+    """A decode of "Q" with the toy pair (or `models`) and its first round, proposed but not committed."""
+    d = AdaFuse(models or toy_pair(), cfg).start("Q")
+    return d, d.propose()

@@ -11,21 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import DecodeConfig
-from ..decoder import AdaFuse
-from ..methods import METHODS
+from ..ensemble import AdaFuse
+from ..methods import METHODS, method_specs
 from ..errors import ConfigError
-from ..loading import get_model
+from ..models import ModelRegistry, default_registry
 from .figures import word_shares
 from .metrics import corpus_scores
 from .tasks import DEFAULT_DATA, TASKS, Task, read_examples
 
-BASE_METHODS = ("adafuse", "beam", "token-union", "mixture", "greedy", "fixed-span-1", "fixed-span-2", "fixed-span-3")
 _SPEC = re.compile(r"^(?P<name>[a-z\-]+(?:-\d+)?)(?::(?P<model>[^\[]+))?(?:\[(?P<args>[^\]]*)\])?$")
 
 
 @dataclass
 class MethodRun:
-    label: str                      # how it appears in results, e.g. "adafuse[branches=5]" or "greedy:gemma3-270m"
+    label: str                      # how it appears in results, e.g. "adafuse[branches=5]" or "greedy:MODEL"
     models: list[str]
     settings: dict = field(default_factory=dict)
 
@@ -60,7 +59,7 @@ def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
         span = re.fullmatch(r"fixed-span-(\d+)", name or "")
         base = "fixed-span" if span else name
         if not m or base not in METHODS:
-            raise ConfigError(f"unknown method {spec!r}: use one of {', '.join(BASE_METHODS)}, optionally with "
+            raise ConfigError(f"unknown method {spec!r}: use one of {', '.join(method_specs())}, optionally with "
                               "settings such as adafuse[branches=5,tau=0.5]")
         settings = {"method": base}
         if base == "fixed-span":
@@ -77,7 +76,7 @@ def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
                         from None
                 continue
             settings[key.strip()] = _value(raw)
-        if base == "greedy":
+        if METHODS[base].models == (1, 1):  # a single-model method: one run per model
             targets = [m.group("model")] if m.group("model") else models
             runs += [MethodRun(f"greedy:{t}", [t], settings) for t in targets]
         else:
@@ -119,9 +118,10 @@ def set_aside_cut_line(path: Path, warn=print) -> Path | None:
 
 def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = DEFAULT_DATA, limit: int | None = None,
              base: dict | None = None, on_bad_line: str = "skip", progress: bool = True, warn=None,
-             trust_remote_code: bool = False) -> Path:
+             trust_remote_code: bool = False, registry: ModelRegistry | None = None) -> Path:
     """Run every method on the first `limit` examples; results are appended line by line (a rerun resumes).
-    `trust_remote_code` lets models whose repository ships its own Python run it."""
+    `trust_remote_code` lets models whose repository ships its own Python run it; `registry` holds the models
+    (default: the library's default registry)."""
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
     examples = read_examples(data_dir / task.folder / task.file, limit, on_bad_line, warn)
     head = (data_dir / task.folder / task.prompt_file).read_text(encoding="utf-8")
@@ -133,7 +133,8 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
     if not todo:  # every run is already in the file: a resume that has nothing to decode loads no model
         out.touch()
         return out
-    models = {name: get_model(name, trust_remote_code=trust_remote_code) for run in runs for name in run.models}
+    registry = registry or default_registry()
+    models = {name: registry.get(name, trust_remote_code=trust_remote_code) for run in runs for name in run.models}
     bar = None
     if progress:
         from tqdm import tqdm
@@ -230,7 +231,7 @@ def write_summary(out_dir: Path) -> tuple[Path, Path]:
     md, csv_path = out_dir / "summary.md", out_dir / "summary.csv"
     main = main_metric_table(summary)
     md.write_text("## Main metric per task (EM for NQ/TriviaQA, F1 for SQuAD, accuracy for GSM8K, chrF for Flores)\n\n"
-                  + _markdown(main) + "\n\n## All numbers\n\n" + _markdown(summary) + "\n", encoding="utf-8")
+                  + markdown_table(main) + "\n\n## All numbers\n\n" + markdown_table(summary) + "\n", encoding="utf-8")
     with csv_path.open("w", newline="", encoding="utf-8") as fh:
         cols = sorted({k for r in summary for k in r}, key=lambda k: (k not in ("task", "method", "n"), k))
         w = csv.DictWriter(fh, fieldnames=cols)
@@ -240,7 +241,8 @@ def write_summary(out_dir: Path) -> tuple[Path, Path]:
     return md, csv_path
 
 
-def _markdown(rows: list[dict]) -> str:
+def markdown_table(rows: list[dict]) -> str:
+    """Rows as a Markdown table: columns in order of first appearance, None as an empty cell."""
     if not rows:
         return "(no results)"
     cols = list(dict.fromkeys(k for r in rows for k in r))

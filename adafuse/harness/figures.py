@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from ..report import candidate_label
 from ..scoring import candidate_nll
-from ..trace import Round, Trace
+from ..trace import EXPLORING, SPAN_WRITING, Round, Trace
 
 KIND_COLORS = {"commit": "#c8ecd4", "explore": "#fde2b8", "override": "#e3d2fb"}
 KIND_NAMES = {"commit": "committed by confident models", "explore": "chosen after exploration",
@@ -37,9 +37,9 @@ def empty_figure(title: str, message: str = "Run or step a decode to fill this v
 
 def margin_marker(mode: str) -> tuple[str, str]:
     """(legend name, plotly symbol) of a model's mode in the margins figure: ● commit, ✕ explore, ◆ other."""
-    if mode in ("commit", "greedy", "span"):
+    if mode in SPAN_WRITING:
         return "commit", "circle"
-    if mode in ("explore", "beam"):
+    if mode in EXPLORING:
         return "explore", "x"
     return mode, "diamond"
 
@@ -150,7 +150,7 @@ def _hover(c, model: str) -> str:
 
 
 def words_per_round_figure(trace: Trace | None) -> go.Figure:
-    """Share of rounds that committed 1…M words, like the paper's figure."""
+    """Share of rounds that committed 1…M words."""
     title = "Words per round"
     if not trace or not trace.rounds:
         return empty_figure(title)

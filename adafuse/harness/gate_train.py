@@ -31,10 +31,11 @@ from pathlib import Path
 import torch
 
 from ..config import DecodeConfig
-from ..decoder import AdaFuse, fused_score
+from ..ensemble import AdaFuse
+from ..scoring import fused_score
 from ..errors import ConfigError
 from ..gate import FEATURES, Gate, gate_weights, stack
-from ..loading import get_model
+from ..models import get_model
 from .tasks import DEFAULT_DATA, TASKS, Task, read_examples
 
 TRAIN_OFFSET = 101  # first line used for training; docs/results.md reports lines 1..50
@@ -225,7 +226,7 @@ def train(models: list[str], tasks: list[str], out: Path, data: Path = DEFAULT_D
 
 def main(argv=None) -> int:
     import argparse
-    from ..loading import DEFAULT_PAIR
+    from ..models import DEFAULT_PAIR
     p = argparse.ArgumentParser(prog="python -m adafuse gate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)

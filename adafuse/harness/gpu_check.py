@@ -1,12 +1,16 @@
-"""The GPU check: one prepared run on a CUDA box without the Hub, printing the table the README quotes.
+"""The GPU check: one prepared run on a CUDA box without the Hub: checks of the CUDA path, then a benchmark table.
 
     python -m adafuse.harness.gpu_check --prepare bench/gpu     # here: tokenizers + prompts into an ignored folder
-    bench/gpu_check.sh                                          # there: checks, then the benchmark table
+    python -m adafuse.harness.gpu_check --spec SPEC.json        # there: checks, then the benchmark table
 
-Two random-weight models of real size (Llama-3.1-8B and Mistral-7B configs) with the bundled pair's real tokenizers
-(the vocabulary padded to a multiple of 64), bf16, built on the GPU in seconds. Random weights give near-uniform
-next-token distributions: margins are tiny and every round explores at τΔ = 0.7 (the costly case); τΔ = 0 forces
-the commit branch. `--tiny` builds 2-layer models of the same vocabularies (checks the script on a CPU).
+Random-weight models of real size, built on the GPU in seconds from the Hugging Face configs in SPEC.json, each with a
+real tokenizer saved by --prepare (the vocabulary padded to a multiple of 64), bf16. SPEC.json: {"models": [{"name",
+"tokenizer" (a folder name under --dir), "model_type" (a transformers config type), "config": {its fields}}, ...],
+optionally "reference": {"column", "s_per_round": {text in a run's name: seconds per round}, "about"}}: a column of
+reference timings beside the measured ones.
+Random weights give near-uniform next-token distributions: margins are tiny and every round explores at τΔ = 0.7 (the
+costly case); τΔ = 0 forces the commit branch. `--tiny` builds 2-layer models of the same vocabularies (checks the
+script on a CPU).
 """
 from __future__ import annotations
 
@@ -19,52 +23,58 @@ from pathlib import Path
 import torch
 
 from ..config import DecodeConfig
-from ..decoder import AdaFuse, greedy
-from ..loading import DEFAULT_PAIR, LoadedModel, get_model
+from ..ensemble import AdaFuse, greedy
+from ..models import DEFAULT_PAIR, LoadedModel, LocalModel, get_model
+from ..errors import ConfigError
 from ..report import format_table
 
-SHAPES = {  # the paper's pair, as configs (no weights needed)
-    "llama-3.1-8b": dict(arch="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
-                         max_position_embeddings=8192),
-    "mistral-7b": dict(arch="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=8, rope_theta=1000000.0,
-                       max_position_embeddings=8192, sliding_window=None),
-}
-OFFICIAL_S_PER_ROUND = {1: 1.26, 3: 2.04}  # the public implementation on the same random pair (../shared/GPU.md)
-
-
-def prepare(out: Path, data: Path) -> None:
-    """Save the bundled tokenizers and the benchmark prompts where the GPU run finds them (no Hub, no shared/)."""
+def prepare(out: Path, data: Path, models: list[str]) -> None:
+    """Save the models' tokenizers and the benchmark prompts where the GPU run finds them (no Hub, no shared/)."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in DEFAULT_PAIR:
+    for name in models:
         get_model(name, device="cpu").tokenizer.save_pretrained(out / name)
     head = (data / "triviaqa" / "prompt.txt").read_text()
     rows = [json.loads(x) for x in (data / "triviaqa" / "dev.jsonl").read_text().splitlines()[:10]]
     prompts = [f"{head}\n\nQuestion: {r['question']}\nAnswer:" for r in rows]
     (out / "prompts.json").write_text(json.dumps(prompts, ensure_ascii=False, indent=1))
-    print(f"wrote {out}: tokenizers of {', '.join(DEFAULT_PAIR)} and {len(prompts)} TriviaQA prompts")
+    print(f"wrote {out}: tokenizers of {', '.join(models)} and {len(prompts)} TriviaQA prompts")
 
 
-def build(shape: str, tokenizer_dir: Path, device: str, tiny: bool, dtype: torch.dtype | None = None) -> LoadedModel:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+def read_spec(path: Path) -> dict:
+    """The models (and optional reference timings) of a GPU check, with what is missing named."""
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--spec {path}: {exc}; pass a JSON file such as experiments/gpu_check.json") from None
+    models = spec.get("models") if isinstance(spec, dict) else None
+    keys = ("name", "tokenizer", "model_type", "config")
+    if not models or not all(isinstance(m, dict) and all(k in m for k in keys) for m in models):
+        raise ConfigError(f"--spec {path}: 'models' must list objects with {', '.join(keys)}")
+    return spec
+
+
+def build(shape: dict, tokenizer_dir: Path, device: str, tiny: bool, dtype: torch.dtype | None = None) -> LoadedModel:
+    """A random-weight model of `shape` (an entry of the spec's "models") with the tokenizer saved in `tokenizer_dir`;
+    the same weights on every call (seed 0). `dtype` names a second, 2-layer model (the fp32 check)."""
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    spec = dict(SHAPES[shape])
-    arch = spec.pop("arch")
+    spec = dict(shape["config"])
     if tiny:
         spec.update(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2)
     vocab = -(-len(tok) // 64) * 64
-    cfg_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (MistralConfig, MistralForCausalLM)
-    cfg = cfg_cls(vocab_size=vocab, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                  tie_word_embeddings=False, **spec)
-    name = f"{shape}+{tokenizer_dir.name}" + ("" if dtype is None else f" 2-layer {str(dtype).removeprefix('torch.')}")
+    cfg = AutoConfig.for_model(shape["model_type"], vocab_size=vocab, bos_token_id=tok.bos_token_id,
+                               eos_token_id=tok.eos_token_id, tie_word_embeddings=False, **spec)
+    model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
+    name = f"{shape['name']}+{tokenizer_dir.name}" + ("" if dtype is None else
+                                                      f" 2-layer {str(dtype).removeprefix('torch.')}")
     dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.device(device):
         model = model_cls(cfg).to(dtype)
-    lm = LoadedModel.from_objects(name, model, tok, source=f"random {shape}")
+    lm = LocalModel.from_objects(name, model, tok, source=f"random {shape['name']}")
     lm.load_seconds = time.perf_counter() - t0
     return lm
 
@@ -103,6 +113,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m adafuse.harness.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prepare", type=Path, help="write tokenizers and prompts into this folder, then stop")
+    p.add_argument("--tokenizers", nargs="+", default=list(DEFAULT_PAIR),
+                   help="models whose tokenizers --prepare saves (default: the bundled pair)")
+    p.add_argument("--spec", type=Path, help="JSON file naming the models to build (see above); needed to run")
     p.add_argument("--data", type=Path, default=None, help="benchmark data folder (for --prepare)")
     p.add_argument("--dir", type=Path, default=Path("bench/gpu"), help="folder written by --prepare")
     p.add_argument("--questions", type=int, default=10)
@@ -112,23 +125,27 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.prepare:
         from .tasks import DEFAULT_DATA
-        prepare(args.prepare, args.data or DEFAULT_DATA)
+        prepare(args.prepare, args.data or DEFAULT_DATA, args.tokenizers)
         return 0
+    if args.spec is None:
+        p.error("--spec FILE is needed to run the check (e.g. experiments/gpu_check.json), or --prepare DIR")
+    try:
+        spec = read_spec(args.spec)
+    except ConfigError as exc:
+        p.error(str(exc))
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     print(f"device: {torch.cuda.get_device_name(0) if device != 'cpu' else 'cpu'}; torch {torch.__version__}",
           flush=True)
     prompts = json.loads((args.dir / "prompts.json").read_text())[: args.questions]
-    models = [build("llama-3.1-8b", args.dir / DEFAULT_PAIR[0], device, args.tiny),
-              build("mistral-7b", args.dir / DEFAULT_PAIR[1], device, args.tiny)]
+    models = [build(shape, args.dir / shape["tokenizer"], device, args.tiny) for shape in spec["models"]]
     for lm in models:
         print(f"  {lm.describe()}", flush=True)
     problems = check_cache(models, prompts[0])
     if device != "cpu":  # the same CUDA path in fp32, where the cache must match to 1e-4 (2 layers: seconds)
-        small = [build(shape, args.dir / name, device, True, torch.float32)
-                 for shape, name in (("llama-3.1-8b", DEFAULT_PAIR[0]), ("mistral-7b", DEFAULT_PAIR[1]))]
+        small = [build(shape, args.dir / shape["tokenizer"], device, True, torch.float32) for shape in spec["models"]]
         problems += check_cache(small, prompts[0])
         del small
-    rows, numbers = [], {}
+    rows, numbers, ref = [], {}, spec.get("reference")
     runs = [(f"{lm.name} greedy", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
     for b in (1, 3):
         for tau in (0.7, 0.0):
@@ -136,7 +153,7 @@ def main(argv=None) -> int:
                 name = f"AdaFuse B={b} τΔ={tau} " + ("parallel" if parallel else "sequential")
                 runs.append((name, lambda pr, c, b=b, tau=tau, par=parallel:
                              AdaFuse(models, c, branches=b, tau=tau, parallel=par).generate(pr)))
-        # speculative proposals (issue 15): the lighter model's span verified by the other in one forward
+        # speculative proposals: the lighter model's span verified by the other in one forward
         runs.append((f"AdaFuse B={b} τΔ=0.7 sequential speculative", lambda pr, c, b=b:
                      AdaFuse(models, c, branches=b, tau=0.7, parallel=False, speculate=True).generate(pr)))
     cfg = DecodeConfig(max_new_words=args.words, max_new_tokens=4 * args.words)
@@ -160,23 +177,23 @@ def main(argv=None) -> int:
         print(f"  {name}: {words} words, {rounds} rounds, {seconds:.1f}s", file=sys.stderr, flush=True)
     # what each model alone takes to write the same text: its greedy seconds per token × the text's tokens in its
     # tokenizer (random weights make "words" of greedy loops meaningless; tokens are not)
-    per_token = {lm.name: numbers[f"{lm.name} greedy"]["seconds"] / max(1, numbers[f"{lm.name} greedy"]["tokens"][lm.name])
-                 for lm in models}
+    per_token = {lm.name: numbers[f"{lm.name} greedy"]["seconds"]
+                 / max(1, numbers[f"{lm.name} greedy"]["tokens"][lm.name]) for lm in models}
     for name, n in numbers.items():
         per_word = n["seconds"] / max(1, n["words"])
         alone = sum(per_token[m] * t for m, t in n["tokens"].items())
         row = {"run": name, "words": n["words"], "rounds": n["rounds"], "s/word": round(per_word, 3),
                "s/round": round(n["seconds"] / max(1, n["rounds"]), 3),
                "fwd/round": round(n["forwards"] / max(1, n["rounds"]), 1),
-               "÷ sum of greedy": round(n["seconds"] / alone, 2) if "AdaFuse" in name and alone else "",
-               "official s/round": next((OFFICIAL_S_PER_ROUND[b] for b in (1, 3)
-                                         if f"B={b} τΔ=0.7" in name), ""),
-               "peak GiB": round(n["peak_gib"], 1) if n["peak_gib"] is not None else ""}
+               "÷ sum of greedy": round(n["seconds"] / alone, 2) if "AdaFuse" in name and alone else ""}
+        if ref:  # the first reference timing whose key is part of the run's name
+            row[ref["column"]] = next((v for key, v in ref["s_per_round"].items() if key in name), "")
+        row["peak GiB"] = round(n["peak_gib"], 1) if n["peak_gib"] is not None else ""
         rows.append(row)
     print(format_table(rows))
-    print("'÷ sum of greedy': AdaFuse seconds over what the two models alone take to write the same text (each one's"
-          " greedy s/token × the text's tokens in its tokenizer; target ≤ 1.5);"
-          " 'official s/round': the public implementation on the same random pair (../shared/GPU.md).")
+    print("'÷ sum of greedy': AdaFuse seconds over what the models alone take to write the same text (each one's"
+          " greedy s/token × the text's tokens in its tokenizer)"
+          + (f"; '{ref['column']}': {ref.get('about', 'reference timings')}." if ref else "."))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"numbers": numbers, "rows": rows, "problems": problems}, indent=1))

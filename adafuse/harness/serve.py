@@ -1,9 +1,9 @@
-"""A real vLLM OpenAI server on this machine, for the tests and `python -m adafuse.harness.bench --remote`.
+"""A real vLLM OpenAI server on this machine, for the tests and `adafuse bench --remote`.
 
 vLLM lives in its own virtual environment (`.venv-vllm/`, made by `./dev test` or `./dev vllm`: it pins its own
 torch). `start(model)` serves one model folder on a free port and returns once `/v1/models` answers:
 
-    python -m adafuse.harness.serve smollm2-135m-instruct     # prints the spec to pass to --models, Ctrl-C stops
+    adafuse serve-model [MODEL]     # prints the spec to pass to --models, Ctrl-C stops
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _free_port() -> int:
 
 
 def served_copy(folder: Path) -> Path:
-    """The model folder as vLLM can read it: the converted SmolLM2 says `CodeLlamaTokenizer`, which newer transformers
+    """The model folder as vLLM can read it: a folder converted from GGUF may say `CodeLlamaTokenizer`, which newer transformers
     map to a tokenizer that turns every space into token 0; the copy names the generic fast tokenizer instead (weights
     are linked, not copied)."""
     out = folder.with_name(folder.name + "-served")
@@ -97,11 +97,11 @@ class Server:
                 self.proc.wait()
 
 
-def start(model: str = "smollm2-135m-instruct", name: str | None = None, log: Path | None = None) -> Server:
+def start(model: str, name: str | None = None, log: Path | None = None) -> Server:
     """Serve a bundled model (its converted folder) or a model folder with vLLM on a free port."""
     if not available():
         raise RuntimeError(f"vLLM is not installed in {VENV}: run `./dev vllm` (its own virtual environment)")
-    from ..loading import get_model
+    from ..models import get_model
     path = Path(model)
     if not path.is_dir():
         path = Path(get_model(model, device="cpu").folder)
@@ -112,10 +112,23 @@ def start(model: str = "smollm2-135m-instruct", name: str | None = None, log: Pa
     return Server(folder, name or model.replace("/", "-"), _free_port(), log).wait()
 
 
-if __name__ == "__main__":
-    server = start(*(sys.argv[1:2] or []))
+def main(argv=None) -> int:
+    import argparse
+    from .. import DEFAULT_PAIR
+    p = argparse.ArgumentParser(prog="adafuse serve-model",
+                                description="Serve one model with vLLM's OpenAI server (CPU) for `vllm:` members.")
+    p.add_argument("model", nargs="?", default=DEFAULT_PAIR[0],
+                   help="a bundled model name or a model folder (default: the first model of the default pair)")
+    p.add_argument("--name", help="the name the server gives the model (default: from MODEL)")
+    args = p.parse_args(argv)
+    server = start(args.model, args.name)
     print(f"serving: --models {server.spec}   (log: {server.log}; Ctrl-C stops)", flush=True)
     try:
         server.proc.wait()
     except KeyboardInterrupt:
         server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

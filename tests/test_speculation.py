@@ -1,17 +1,20 @@
-"""Speculative proposals (issue 15): a confident model takes the tokens of the other models' spans it verified in one
-batched forward; the decode's decisions are the same, only the cost fields differ."""
+"""Speculative proposals: a confident model takes the tokens of the other models' spans (and of prompt lookup) it
+verified in one batched forward; the decode's decisions are the same, only the cost fields differ."""
 import pytest
 
-from adafuse import AdaFuse, ConfigError, DecodeConfig
-from adafuse.session import PREFIXES
-from adafuse.harness.tasks import DEFAULT_DATA, TASKS, read_examples
-from tests.test_real_models import gsm8k_prompt
+from adafuse import AdaFuse, DecodeConfig
+from tests.real import flores_prompt, gsm8k_prompt
 from tests.toy import toy_model
+
 
 COST = ("seconds", "forward_passes", "tokens_fed", "cached_tokens", "draft_tokens", "accepted_tokens",
         "verify_passes", "scores_from_drafts")
+
+
 V = ["Q", " Paris", " London", ".", " is", " nice", " big", "\n"]
 A = {"Q": {" Paris": 0.9}, " Paris": {" is": 0.9}, " is": {" nice": 0.9}, " nice": {".": 0.9}, ".": {"<eos>": 0.9}}
+
+
 # b agrees on the first words, then wants " big": it takes a's draft up to there and writes on alone
 B = {"Q": {" Paris": 0.95}, " Paris": {" is": 0.95}, " is": {" big": 0.9}, " big": {".": 0.9}, ".": {"<eos>": 0.9}}
 
@@ -35,7 +38,8 @@ def decisions(tr) -> dict:
 def both_ways(models, prompt, **settings):
     out = []
     for speculate in (False, True):
-        PREFIXES.entries.clear()
+        for lm in models:
+            lm.prefixes.clear()
         out.append(AdaFuse(models, DecodeConfig(speculate=speculate, **settings)).generate(prompt))
     return out
 
@@ -66,17 +70,42 @@ def test_a_winning_span_taken_from_a_draft_is_committed_without_feeding_it_again
     assert forwards(spec) == forwards(plain) - 3
 
 
-def test_speculate_is_a_typed_setting():
-    with pytest.raises(ConfigError, match="speculate"):
-        DecodeConfig(speculate="yes")
-    with pytest.raises(ConfigError, match="draft_lookup"):
-        DecodeConfig(speculate=True, draft_lookup=1)
+def test_side_by_side_a_model_verifies_only_its_own_span_left_from_the_last_round():
+    # a proposes " Paris is nice." (M=3), b only " Paris is" (its margin drops): b's span wins, a's " nice." is left
+    b_rules = dict(A, **{" is": {" nice": 0.5, " big": 0.45}})
+    out = []
+    for speculate in (False, True):
+        models = [toy_model("a", V, A), toy_model("b", V, b_rules)]
+        out.append(AdaFuse(models, DecodeConfig(tau=0.5, max_words=3, speculate=speculate), parallel=True,
+                           threads=1).generate("Q"))
+    plain, spec = out
+    assert spec.workers.startswith("parallel") and decisions(plain) == decisions(spec)
+    assert [s.verify_passes for s in spec.rounds[0].steps] == [0, 0]  # nothing proposed yet when both start
+    assert spec.rounds[0].text == " Paris is"  # a's left-over " nice." is its draft in round 1
+    assert spec.rounds[1].steps[0].draft_tokens == 2 and spec.rounds[1].steps[0].accepted_tokens == 2
 
 
-def flores_prompt(index: int) -> str:
-    task = TASKS["flores-de-en"]
-    head = (DEFAULT_DATA / task.folder / task.prompt_file).read_text()
-    return task.prompt(head, read_examples(DEFAULT_DATA / task.folder / task.file, index + 1)[index][1]["question"])
+def test_prompt_lookup_gives_the_first_model_a_draft_too():
+    # the answer repeats what followed "Q Paris" in the prompt: the model that goes first (no span before it) verifies
+    # that continuation in one forward and takes its tokens; with the models' spans as the only drafts it has none
+    prompt = "Q Paris is nice.\nQ Paris"
+    runs = {}
+    for lookup in (False, True):
+        models = [toy_model("a", V, A), toy_model("b", V, A)]
+        runs[lookup] = AdaFuse(models, DecodeConfig(tau=0.5, max_words=3, speculate=True,
+                                                    draft_lookup=lookup)).generate(prompt)
+    plain = AdaFuse([toy_model("a", V, A), toy_model("b", V, A)], DecodeConfig(tau=0.5, max_words=3)).generate(prompt)
+    assert plain.output == " is nice."
+    first = {k: tr.rounds[0].steps[0] for k, tr in runs.items()}
+    assert first[False].verify_passes == 0
+    assert first[True].verify_passes == 1 and first[True].accepted_tokens == 3  # " is", " nice", "."
+    assert forwards(runs[True]) < forwards(runs[False]) < forwards(plain)
+    for tr in runs.values():
+        d = decisions(tr)
+        d["settings"].pop("draft_lookup")
+        p = decisions(plain)
+        p["settings"].pop("draft_lookup")
+        assert d == p  # bit for bit, as without speculation
 
 
 @pytest.mark.parametrize("case", ["flores-de-en", "gsm8k"])
@@ -100,51 +129,3 @@ def test_the_bundled_pair_decodes_the_same_with_fewer_forward_passes(pair, case)
             assert ca["nll"] == pytest.approx(cb["nll"], abs=1e-4)
     accepted = sum(s.accepted_tokens for r in spec.rounds for s in r.steps)
     assert accepted > 0 and forwards(spec) < forwards(plain)
-
-
-def test_side_by_side_a_model_verifies_only_its_own_span_left_from_the_last_round():
-    # a proposes " Paris is nice." (M=3), b only " Paris is" (its margin drops): b's span wins, a's " nice." is left
-    b_rules = dict(A, **{" is": {" nice": 0.5, " big": 0.45}})
-    out = []
-    for speculate in (False, True):
-        models = [toy_model("a", V, A), toy_model("b", V, b_rules)]
-        out.append(AdaFuse(models, DecodeConfig(tau=0.5, max_words=3, speculate=speculate), parallel=True,
-                           threads=1).generate("Q"))
-    plain, spec = out
-    assert spec.workers.startswith("parallel") and decisions(plain) == decisions(spec)
-    assert [s.verify_passes for s in spec.rounds[0].steps] == [0, 0]  # nothing proposed yet when both start
-    assert spec.rounds[0].text == " Paris is"  # a's left-over " nice." is its draft in round 1
-    assert spec.rounds[1].steps[0].draft_tokens == 2 and spec.rounds[1].steps[0].accepted_tokens == 2
-
-
-def test_prompt_lookup_gives_the_first_model_a_draft_too():
-    # the answer repeats what followed "Q Paris" in the prompt: the model that goes first (no span before it) verifies
-    # that continuation in one forward and takes its tokens; with the models' spans as the only drafts it has none
-    prompt = "Q Paris is nice.\nQ Paris"
-    runs = {}
-    for lookup in (False, True):
-        PREFIXES.entries.clear()
-        models = [toy_model("a", V, A), toy_model("b", V, A)]
-        runs[lookup] = AdaFuse(models, DecodeConfig(tau=0.5, max_words=3, speculate=True,
-                                                    draft_lookup=lookup)).generate(prompt)
-    PREFIXES.entries.clear()
-    plain = AdaFuse([toy_model("a", V, A), toy_model("b", V, A)], DecodeConfig(tau=0.5, max_words=3)).generate(prompt)
-    assert plain.output == " is nice."
-    first = {k: tr.rounds[0].steps[0] for k, tr in runs.items()}
-    assert first[False].verify_passes == 0
-    assert first[True].verify_passes == 1 and first[True].accepted_tokens == 3  # " is", " nice", "."
-    assert forwards(runs[True]) < forwards(runs[False]) < forwards(plain)
-    for tr in runs.values():
-        d = decisions(tr)
-        d["settings"].pop("draft_lookup")
-        p = decisions(plain)
-        p["settings"].pop("draft_lookup")
-        assert d == p  # bit for bit, as without speculation
-
-
-def test_lookup_continuations_take_the_latest_earlier_occurrence_of_the_last_words():
-    from adafuse.words import lookup_continuations
-    text = "3 hours x 2 chapters = 6 hours total.\n1.5 hours x 4 worksheets = 6 hours. So 2 chapters"
-    assert lookup_continuations(text, 3) == [" = 6 hours"]
-    assert lookup_continuations("a b c a b d a b", 2, count=2) == [" d a", " c a"]  # latest first, distinct
-    assert lookup_continuations("no repeat here", 3) == []

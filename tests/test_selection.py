@@ -1,4 +1,5 @@
-"""Exploration by meaning (issue 13): first tokens picked by probability against redundancy in embedding space."""
+"""Exploration by meaning (adafuse/selection.py): an unsure model's first tokens picked by probability against
+redundancy in embedding space, with the reasons recorded."""
 import json
 import math
 from types import SimpleNamespace
@@ -7,17 +8,21 @@ import pytest
 import torch
 
 from adafuse import AdaFuse, ConfigError, DecodeConfig, Trace
-from adafuse.candidates import first_tokens
-from adafuse.harness.evaluate import parse_methods
-from adafuse.loading import LoadedModel
-from adafuse.selection import check_exploration, select_first_tokens, selection_rows
-from adafuse.session import LocalSession
+from adafuse.models import LocalModel
+from adafuse.selection import check_exploration, select_first_tokens, selection_rows, token_key
+from adafuse.models.session import LocalSession
+from adafuse.trace import Round
 from tests.toy import ToyLM, ToyTokenizer, toy_model
 
+
 V = ["Q", " Paris", " paris", " PAR", "Paris", " London", " Rome", " is", " nice", ".", "\n"]
+
+
 # b is unsure: three spellings of one answer on top, a different answer just below them
 B_RULES = {"Q": {" Paris": 0.3, " paris": 0.22, " PAR": 0.21, " London": 0.2, "Paris": 0.02},
            " Paris": {"<eos>": 0.9}, " paris": {"<eos>": 0.9}, " PAR": {"<eos>": 0.9}, " London": {"<eos>": 0.9}}
+
+
 A_RULES = {"Q": {" Paris": 0.9, " London": 0.05}, " Paris": {"<eos>": 0.9}, " London": {"<eos>": 0.9}}
 
 
@@ -37,9 +42,9 @@ class EmbeddedToyLM(ToyLM):
         return self.embed
 
 
-def embedded(name: str, rules: dict) -> LoadedModel:
+def embedded(name: str, rules: dict) -> LocalModel:
     tok = ToyTokenizer(V)
-    return LoadedModel.from_objects(name, EmbeddedToyLM(tok, rules), tok)
+    return LocalModel.from_objects(name, EmbeddedToyLM(tok, rules), tok)
 
 
 def models():
@@ -63,7 +68,7 @@ def test_surface_keeps_spellings_embedding_finds_the_other_answer():
     sel = step.selection
     assert sel["strategy"] == "embedding" and sel["lambda"] == 1.0 and sel["bandwidth"] > 0
     picked = [t for t in sel["tokens"] if t["picked"]]
-    assert [t["order"] for t in picked] == [1, 2, 3] or sorted(t["order"] for t in picked) == [1, 2, 3]
+    assert sorted(t["order"] for t in picked) == [1, 2, 3]
     by_text = {t["text"]: t for t in sel["tokens"]}
     assert by_text[" Paris"]["order"] == 1 and by_text[" Paris"]["penalty"] == 0.0
     assert by_text[" London"]["order"] == 2
@@ -107,7 +112,7 @@ def test_a_large_lambda_still_never_picks_two_spellings_of_one_surface():
     assert skipped and skipped[0]["skip"] == "surface" and not skipped[0]["picked"]
 
 
-def test_surface_selection_records_why_and_matches_first_tokens():
+def test_surface_selection_records_why_and_takes_distinct_surfaces_by_probability():
     _, _, step, texts = explored(DecodeConfig(branches=3))
     sel = step.selection
     assert sel["strategy"] == "surface"
@@ -115,9 +120,11 @@ def test_surface_selection_records_why_and_matches_first_tokens():
     assert all(t["penalty"] == 0.0 for t in sel["tokens"])
     d = AdaFuse(models(), DecodeConfig()).start("Q")
     s = d.sessions[1]
-    for b in (1, 2, 3, 4):
+    by_probability = [" Paris", " paris", " PAR", " London"]  # "Paris" (0.02) strips to the surface of " Paris"
+    for b in (1, 2, 3, 4, 5):
         chosen, _ = select_first_tokens(s, s.next_logprobs, b, 64, "surface")
-        assert chosen == first_tokens(s, s.next_logprobs, b, 64, distinct=True)
+        texts = [s.lm.tokenizer.tokens[t] for t in chosen]
+        assert len(texts) == b and texts[:4] == by_probability[:b] and "Paris" not in texts
 
 
 def test_special_and_end_tokens_are_handled_like_first_tokens():
@@ -134,7 +141,6 @@ def test_special_and_end_tokens_are_handled_like_first_tokens():
 def test_selection_rows_say_why_each_token_was_picked_or_skipped():
     _, r, _, _ = explored(DecodeConfig(branches=3, exploration="embedding"))
     tr = Trace(prompt="Q", models=["a", "b"], settings={}, prompt_modes={}, rounds=[])
-    from adafuse.trace import Round
     tr.rounds.append(Round(index=0, steps=r.steps, candidates=r.candidates, chosen=0, winner=0, text="", words=0,
                            seconds=0.0))
     rows = selection_rows(tr, 0)
@@ -167,31 +173,13 @@ def test_the_trace_is_strict_json_and_reloads():
         Trace.from_dict(bad)
 
 
-@pytest.mark.parametrize("kw", [dict(exploration="meaning"), dict(exploration=None), dict(explore_lambda=-0.1),
-                                dict(explore_lambda=float("nan")), dict(explore_lambda=float("inf")),
-                                dict(explore_lambda=True), dict(explore_lambda="1"), dict(explore_lambda=101)])
-def test_invalid_settings_raise_config_error(kw):
-    with pytest.raises(ConfigError):
-        DecodeConfig(**kw)
-
-
-def test_config_round_trip_and_method_labels():
-    cfg = DecodeConfig(exploration="embedding", explore_lambda=2)
-    assert cfg.explore_lambda == 2.0 and isinstance(cfg.explore_lambda, float)
-    assert DecodeConfig.from_dict(cfg.to_dict()) == cfg
-    run = parse_methods(["adafuse[exploration=embedding,branches=2]"], ["x", "y"])[0]
-    assert run.settings == {"method": "adafuse", "exploration": "embedding", "branches": 2}
-    assert DecodeConfig(**run.settings).exploration == "embedding"
-
-
 def test_a_model_without_weights_here_is_refused_before_any_round():
     plain = [toy_model("a", V, A_RULES), toy_model("b", V, B_RULES)]  # no input embeddings, like a served model
     with pytest.raises(ConfigError, match="served model explores by surface form"):
         AdaFuse(plain, DecodeConfig(exploration="embedding")).start("Q")
     AdaFuse(plain, DecodeConfig()).start("Q").propose()  # surface needs no weights
     with pytest.raises(ConfigError, match="needs the model's weights"):
-        check_exploration([SimpleNamespace(name="m@server", model=None)], DecodeConfig(exploration="embedding"))
-    check_exploration([SimpleNamespace(name="m@server", model=None)], DecodeConfig())
+        check_exploration([SimpleNamespace(name="m@server", model=None)])
 
 
 def test_real_pair_decodes_with_embedding_exploration(pair):
@@ -203,10 +191,20 @@ def test_real_pair_decodes_with_embedding_exploration(pair):
     for s in steps:
         sel = s.selection
         assert sel["strategy"] == "embedding" and sel["tokens"]
-        assert [t["order"] for t in sel["tokens"] if t["picked"]]
-        assert len({t["token"] for t in sel["tokens"] if t["picked"]}) == len(s.proposals) or s.proposals
+        picked = [t["token"] for t in sel["tokens"] if t["picked"]]
+        assert len(picked) == len(set(picked)) == cfg.branches  # B distinct first tokens
+        assert sorted(t["order"] for t in sel["tokens"] if t["picked"]) == list(range(1, cfg.branches + 1))
+        assert 0 < len(s.proposals) <= len(picked)  # a candidate per pick; picks that spell the same word are one
     Trace.from_dict(json.loads(tr.to_json()))
-    # surface selection on the real distributions is the previous first_tokens exactly
+    # surface selection on the real distributions: the B most probable tokens of distinct surface forms
     s = LocalSession(pair[1], prompt)
+    lp = s.next_logprobs
     for b in (2, 3, 5):
-        assert select_first_tokens(s, s.next_logprobs, b, 64)[0] == first_tokens(s, s.next_logprobs, b, 64, True)
+        chosen = select_first_tokens(s, lp, b, 64)[0]
+        keys = [token_key(s, t)[0] for t in chosen]
+        assert len(chosen) == b and None not in keys and len(set(keys)) == b
+        assert lp[chosen].tolist() == sorted(lp[chosen].tolist(), reverse=True)
+        for t in torch.topk(lp, 64).indices.tolist():  # every likelier token left out is a picked surface or unusable
+            if lp[t] <= lp[chosen[-1]]:
+                break
+            assert t in chosen or token_key(s, t)[0] in keys or token_key(s, t)[0] is None, s.lm.decode([t])

@@ -1,21 +1,4 @@
-"""Models served by an inference engine (vLLM, or any server of the OpenAI completions API with vLLM's extensions).
-
-A spec `vllm:http://HOST:PORT/v1#SERVED-NAME` (the name may be left out when the server serves one model) loads a
-`RemoteModel`: the tokenizer runs here (loaded from the folder or Hub id the server reports as the model's `root`,
-or `vllm:URL#NAME?tokenizer=PATH`), checked against the server's `/tokenize` on load; every forward pass is a
-`/v1/completions` request that sends token ids and reads log-probs keyed by token id:
-
-- the next-token distribution after some ids: `logprobs=k` (the server's top-k, k ≤ 20 unless it runs with
-  `--max-logprobs`); every other token reads as log-prob -inf (never proposed; margins need the top 2 only). Each such
-  request generates `LOOKAHEAD` greedy tokens with their top-k: a confident span or an explored branch that follows
-  them (the usual case) reads its next distributions from that answer instead of asking again;
-- the log-prob of given tokens there (`logprob_token_ids`): a candidate's next token, or the model's end tokens for a
-  candidate that ends the answer — exact, whatever their rank;
-- the requests of one call (every branch, every scored position) go out at once; the server batches them and its
-  prefix cache holds the shared prompt.
-
-`RemoteSession` is the `ModelView` of such a model: the decoder, the trace and the views do not know the difference.
-"""
+"""Models served by an inference engine (vLLM, or any server of the OpenAI completions API with vLLM's extensions)."""
 from __future__ import annotations
 
 import json
@@ -30,21 +13,18 @@ from pathlib import Path
 
 import torch
 
-from .errors import ModelLoadError, ServerError
-from .loading import LoadedModel, _end_ids, _special_ids, _tokenizer_adds_bos
-from .session import TokenizedView
-from .view import Branch
+from ..errors import ModelLoadError, ServerError
+from ..view import Branch
+from .base import LoadedModel, end_ids, special_ids, tokenizer_adds_bos
+from .gguf import META
+from .specs import SERVED_SPEC
+from .tokenized import TokenizedView
 
-SPEC = re.compile(r"^(vllm|openai):(?P<url>https?://[^#?\s]+?)/?(?:#(?P<name>[^?]*))?(?:\?tokenizer=(?P<tok>.+))?$")
 TOP_K = 20          # next-token log-probs asked for (vLLM's default --max-logprobs)
 TIMEOUT = 60.0      # seconds one request may take
 RETRIES = 3         # connection errors are retried this many times, with a short pause
 MAX_IDS = 128       # vLLM's cap on logprob_token_ids per request
 LOOKAHEAD = 8       # greedy tokens generated with each top-k request (a confident span reads them without asking)
-
-
-def is_remote_spec(name) -> bool:
-    return isinstance(name, str) and name.strip().startswith(("vllm:", "openai:"))
 
 
 class Endpoint:
@@ -92,15 +72,32 @@ class Endpoint:
         return out
 
 
-@dataclass(eq=False)
-class RemoteModel(LoadedModel):
-    """A model on a server: the tokenizer here, the weights there."""
-    endpoint: Endpoint | None = field(default=None, repr=False)
-    served: str = ""
-    url: str = ""
-    vocab: int = 0
+@dataclass(eq=False, kw_only=True)
+class ServedModel(LoadedModel):
+    """A model on a server: the tokenizer here, the weights there.
+
+    A spec `vllm:http://HOST:PORT/v1#SERVED-NAME` (the name may be left out when the server serves one model) loads a
+    `ServedModel`: the tokenizer runs here (loaded from the folder or Hub id the server reports as the model's `root`,
+    or `vllm:URL#NAME?tokenizer=PATH`), checked against the server's `/tokenize` on load; every forward pass is a
+    `/v1/completions` request that sends token ids and reads log-probs keyed by token id:
+
+    - the next-token distribution after some ids: `logprobs=k` (the server's top-k, k ≤ 20 unless it runs with
+      `--max-logprobs`); every other token reads as log-prob -inf (never proposed; margins need the top 2 only). Each
+      such request generates `LOOKAHEAD` greedy tokens with their top-k: a confident span or an explored branch that
+      follows them (the usual case) reads its next distributions from that answer instead of asking again;
+    - the log-prob of given tokens there (`logprob_token_ids`): a candidate's next token, or the model's end tokens for
+      a candidate that ends the answer — exact, whatever their rank;
+    - the requests of one call (every branch, every scored position) go out at once; the server batches them and its
+      prefix cache holds the shared prompt.
+
+    `ServedSession` is the `ModelView` of such a model: the decoder, the trace and the views do not know the difference.
+    """
+    endpoint: Endpoint = field(repr=False)
+    served: str                       # the server's name for it
+    url: str                          # .../v1
+    vocab: int                        # rows of its output
     top_k: int = TOP_K
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # guards the views' counters
 
     @property
     def device(self) -> torch.device:
@@ -111,7 +108,7 @@ class RemoteModel(LoadedModel):
         return [f"server {self.url}"]
 
     @property
-    def dtype(self):
+    def dtype(self) -> str:
         return "served"
 
     @property
@@ -128,15 +125,60 @@ class RemoteModel(LoadedModel):
     def info(self) -> dict:
         return {**super().info(), "dtype": "served", "memory_mib": 0.0}
 
-    def view(self, prompt: str, mode: str, stop: tuple[str, ...], system: str = "",
-             thinking: bool | None = None) -> "RemoteSession":
-        return RemoteSession(self, prompt, mode, stop, system, thinking)
+    def open_view(self, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
+                  thinking: bool | None = None) -> "ServedSession":
+        return ServedSession(self, prompt, mode, stop, system, thinking)
+
+    def ask(self, contexts: list[list[int]], wanted: list[list[int] | None], view: "ServedSession | None" = None,
+            ahead: int = 1) -> list[torch.Tensor]:
+        """For each context, a (V,) log-prob vector after it: the server's top-k (`wanted` None) or exactly the
+        log-probs of the `wanted` tokens; every other entry -inf. A top-k request generates `ahead` greedy tokens:
+        the distributions along that continuation are kept in `view.ahead`, so following it costs no request; the
+        requests are charged to `view`."""
+        payloads, owner = [], []
+        for k, (ctx, want) in enumerate(zip(contexts, wanted)):
+            base = {"model": self.served, "prompt": ctx, "max_tokens": 1, "temperature": 0.0,
+                    "return_tokens_as_token_ids": True}
+            if want is None:
+                payloads.append({**base, "logprobs": self.top_k, "max_tokens": ahead})
+                owner.append(k)
+            for lo in range(0, len(want or []), MAX_IDS):  # the server takes at most MAX_IDS ids a request
+                chunk = list(want[lo: lo + MAX_IDS])
+                payloads.append({**base, "logprobs": len(chunk), "logprob_token_ids": chunk})
+                owner.append(k)
+        t0 = time.perf_counter()
+        answers = self.endpoint.many("/completions", payloads)
+        out = [torch.full((self.vocab,), float("-inf")) for _ in contexts]
+        fed = cached = 0
+        for k, p, a in zip(owner, payloads, answers):
+            choice = a["choices"][0]
+            tops = (choice.get("logprobs") or {}).get("top_logprobs") or [{}]
+            vecs = [out[k]] + [torch.full((self.vocab,), float("-inf")) for _ in tops[1:]]
+            for vec, top in zip(vecs, tops):
+                for key, value in (top or {}).items():
+                    vec[int(key.split(":", 1)[1])] = max(float(value), -1e30)
+            if view is not None and len(vecs) > 1:  # the greedy continuation: vecs[j] follows ctx + generated[:j]
+                generated = choice.get("token_ids") or [int(t.split(":", 1)[1]) for t in choice["logprobs"]["tokens"]]
+                ctx = list(p["prompt"])
+                for j in range(1, len(vecs)):
+                    ctx.append(generated[j - 1])
+                    view.ahead[tuple(ctx)] = vecs[j]
+            usage = a.get("usage") or {}
+            fed += usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+            cached += ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        if view is not None:
+            with self.lock:
+                view.forward_passes += len(payloads)
+                view.tokens_fed += fed - cached
+                view.cached += cached
+                view.seconds += time.perf_counter() - t0
+        return out
 
 
-def load_remote(spec: str) -> RemoteModel:
+def load_served(spec: str) -> ServedModel:
     """Connect to a served model (see the module doc for the spec); checks the tokenizer and the features used."""
     from transformers import AutoTokenizer
-    m = SPEC.match(spec.strip())
+    m = SERVED_SPEC.match(spec.strip())
     if not m:
         raise ModelLoadError(f"{spec!r} is not a served-model spec: write vllm:http://HOST:PORT/v1#SERVED-NAME")
     t0 = time.perf_counter()
@@ -152,7 +194,7 @@ def load_remote(spec: str) -> RemoteModel:
     source = m["tok"] or info.get("root") or served
     folder = Path(str(source))
     # a folder this library converted (a bundled GGUF) says how its tokenizer loads and whether BOS goes first
-    meta = json.loads((folder / "adafuse.json").read_text()) if (folder / "adafuse.json").exists() else {}
+    meta = json.loads((folder / META).read_text()) if (folder / META).exists() else {}
     try:
         if meta.get("fast_tokenizer"):
             from transformers import PreTrainedTokenizerFast
@@ -173,16 +215,16 @@ def load_remote(spec: str) -> RemoteModel:
     vocab = config.get("vocab_size") or max(len(tok), max(tok.get_vocab().values()) + 1)  # the model's output size
     eos = json.loads((folder / "generation_config.json").read_text()).get("eos_token_id") \
         if (folder / "generation_config.json").exists() else config.get("eos_token_id")
-    end = frozenset(_end_ids(eos, tok, vocab))
-    add_bos = meta["add_bos"] if "add_bos" in meta else _tokenizer_adds_bos(tok)
-    lm = RemoteModel(name=f"{served}@server", model=None, tokenizer=tok, add_bos=add_bos,
-                     end_ids=end, max_positions=info.get("max_model_len"), source=f"{url}#{served}",
-                     banned_ids=frozenset(_special_ids(tok, vocab) - end), endpoint=ep, served=served, url=url,
+    end = frozenset(end_ids(eos, tok, vocab))
+    add_bos = meta["add_bos"] if "add_bos" in meta else tokenizer_adds_bos(tok)
+    lm = ServedModel(name=f"{served}@server", tokenizer=tok, add_bos=add_bos, end_ids=end,
+                     max_positions=info.get("max_model_len"), source=f"{url}#{served}",
+                     banned_ids=frozenset(special_ids(tok, vocab) - end), endpoint=ep, served=served, url=url,
                      vocab=vocab)
     # the features the decoder uses, asked once: top-k by id and log-probs of chosen tokens
     try:
-        RemoteSession.next_many(lm, [[ours[0]]], [None])
-        RemoteSession.next_many(lm, [[ours[0]]], [sorted(end)[:1] or [ours[0]]])
+        lm.ask([[ours[0]]], [None])
+        lm.ask([[ours[0]]], [sorted(end)[:1] or [ours[0]]])
     except ServerError as exc:
         raise ModelLoadError(f"{url}#{served} lacks a feature the decoder needs ({exc}): serve it with vLLM ≥ 0.11 "
                              f"and --max-logprobs ≥ {TOP_K}") from exc
@@ -190,8 +232,8 @@ def load_remote(spec: str) -> RemoteModel:
     return lm
 
 
-class RemoteBranch(Branch):
-    def __init__(self, s: "RemoteSession", rows: int):
+class ServedBranch(Branch):
+    def __init__(self, s: "ServedSession", rows: int):
         self.s, self.rows = s, [[] for _ in range(rows)]
 
     def step(self, tokens: list[int]) -> torch.Tensor:
@@ -206,11 +248,11 @@ class RemoteBranch(Branch):
         self.s.adoptable[tuple(tokens)] = logprobs
 
 
-class RemoteSession(TokenizedView):
+class ServedSession(TokenizedView):
     """A served model's view: the committed ids here, every distribution asked of the server (see the module doc).
     `next_logprobs` and `end_logprobs` hold the server's top-k (the rest -inf)."""
 
-    def __init__(self, lm: RemoteModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
+    def __init__(self, lm: ServedModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
                  thinking: bool | None = None):
         super().__init__(lm, prompt, mode, stop, system, thinking)
         self.cached = 0  # prompt tokens the server reported from its prefix cache
@@ -220,58 +262,12 @@ class RemoteSession(TokenizedView):
         self.prefix_reused = self.cached  # prompt tokens the server's prefix cache already held
         self.adoptable: dict[tuple[int, ...], torch.Tensor] = {}
 
-    @staticmethod
-    def next_many(lm: RemoteModel, contexts: list[list[int]], wanted: list[list[int] | None],
-                  s: "RemoteSession | None" = None, ahead: int = 1) -> list[torch.Tensor]:
-        """For each context, a (V,) log-prob vector after it: the server's top-k (`wanted` None) or exactly the
-        log-probs of the `wanted` tokens; every other entry -inf. A top-k request generates `ahead` greedy tokens:
-        the distributions along that continuation are kept in `s.ahead`, so following it costs no request."""
-        payloads, owner = [], []
-        for k, (ctx, want) in enumerate(zip(contexts, wanted)):
-            base = {"model": lm.served, "prompt": ctx, "max_tokens": 1, "temperature": 0.0,
-                    "return_tokens_as_token_ids": True}
-            if want is None:
-                payloads.append({**base, "logprobs": lm.top_k, "max_tokens": ahead})
-                owner.append(k)
-            for lo in range(0, len(want or []), MAX_IDS):  # the server takes at most MAX_IDS ids a request
-                chunk = list(want[lo: lo + MAX_IDS])
-                payloads.append({**base, "logprobs": len(chunk), "logprob_token_ids": chunk})
-                owner.append(k)
-        t0 = time.perf_counter()
-        answers = lm.endpoint.many("/completions", payloads)
-        out = [torch.full((lm.vocab,), float("-inf")) for _ in contexts]
-        fed = cached = 0
-        for k, p, a in zip(owner, payloads, answers):
-            choice = a["choices"][0]
-            tops = (choice.get("logprobs") or {}).get("top_logprobs") or [{}]
-            vecs = [out[k]] + [torch.full((lm.vocab,), float("-inf")) for _ in tops[1:]]
-            for vec, top in zip(vecs, tops):
-                for key, value in (top or {}).items():
-                    vec[int(key.split(":", 1)[1])] = max(float(value), -1e30)
-            if s is not None and len(vecs) > 1:  # the greedy continuation: vecs[j] follows ctx + generated[:j]
-                generated = choice.get("token_ids") or [int(t.split(":", 1)[1]) for t in choice["logprobs"]["tokens"]]
-                ctx = list(p["prompt"])
-                for j in range(1, len(vecs)):
-                    ctx.append(generated[j - 1])
-                    s.ahead[tuple(ctx)] = vecs[j]
-            usage = a.get("usage") or {}
-            fed += usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
-            cached += ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-        if s is not None:
-            with lm.lock:
-                s.forward_passes += len(payloads)
-                s.tokens_fed += fed - cached
-                s.cached += cached
-                s.seconds += time.perf_counter() - t0
-        return out
-
     def after(self, contexts: list[list[int]]) -> list[torch.Tensor]:
         """Top-k after each context: from a greedy continuation already fetched, else asked (with a look-ahead)."""
         out: list[torch.Tensor | None] = [self.ahead.get(tuple(c)) for c in contexts]
         todo = [i for i, v in enumerate(out) if v is None]
         if todo:
-            for i, v in zip(todo, self.next_many(self.lm, [contexts[i] for i in todo], [None] * len(todo), self,
-                                                 LOOKAHEAD)):
+            for i, v in zip(todo, self.lm.ask([contexts[i] for i in todo], [None] * len(todo), self, LOOKAHEAD)):
                 out[i] = v
         return out
 
@@ -284,8 +280,8 @@ class RemoteSession(TokenizedView):
     def rewind(self) -> None:
         self.spec, self.end_logprobs = [], self.next_logprobs
 
-    def branch(self, rows: int) -> RemoteBranch:
-        return RemoteBranch(self, rows)
+    def branch(self, rows: int) -> ServedBranch:
+        return ServedBranch(self, rows)
 
     def score_rows(self, start: int, rows: list[list[int]], remember: list[bool],
                    wanted: list[dict[int, list[int]]] | None = None) -> list[torch.Tensor]:
@@ -298,7 +294,7 @@ class RemoteSession(TokenizedView):
                 contexts.append(self.ids[:start] + r[: j + 1]), asks.append(ids), where.append((i, j))
             if remember[i] and (wanted is None or len(r) - 1 not in entries or entries[len(r) - 1] is not None):
                 contexts.append(self.ids[:start] + r), asks.append(None), where.append((i, len(r) - 1))
-        vecs = self.next_many(self.lm, contexts, asks, self) if contexts else []
+        vecs = self.lm.ask(contexts, asks, self) if contexts else []
         out = [torch.full((len(r), self.lm.vocab), float("-inf")) for r in rows]
         for (i, j), v in zip(where, vecs):
             out[i][j] = torch.maximum(out[i][j], v)
@@ -311,7 +307,7 @@ class RemoteSession(TokenizedView):
         missing = [t for t in tokens if self.next_logprobs[t] == float("-inf")]
         if not missing:
             return self.next_logprobs
-        return torch.maximum(self.next_logprobs, self.next_many(self.lm, [self.ids], [missing], self)[0])
+        return torch.maximum(self.next_logprobs, self.lm.ask([self.ids], [missing], self)[0])
 
     def commit(self, y: str, guess: str = "") -> None:
         new = self.encode(y)

@@ -1,18 +1,16 @@
-"""A local model's view of a decode: rendered prompt, committed text, token ids and KV cache (a `ModelView`)."""
+"""A local model's view of a decode: its KV cache follows the committed text; batches run on copies of it."""
 from __future__ import annotations
 
-import threading
 import time
-import weakref
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
-from .errors import PromptError
-from .loading import LoadedModel
-from .view import Branch, ModelView
-from .words import common_prefix, word_starts
+from ..view import Branch
+from ..words import common_prefix
+from .base import LoadedModel
+from .prefixes import copy_cache
+from .tokenized import TokenizedView
 
 # Largest logits block (rows × positions × vocab floats) computed in one forward while scoring.
 MAX_LOGIT_FLOATS = 48_000_000
@@ -21,103 +19,6 @@ MAX_LOGIT_FLOATS = 48_000_000
 MAX_SIDE_CACHE_BYTES = 2 * 2**30
 # At most this many tokens of a guess ride along with a catch-up's forward (`LocalSession.commit`).
 GUESS_TOKENS = 4
-# Re-anchor the tokenization once the text after the anchor is this many tokens long.
-ANCHOR_EVERY = 48
-
-
-def copy_cache(cache: DynamicCache, length: int, rows: int = 1) -> DynamicCache:
-    """A new cache holding the first `length` positions of row 0 of `cache`, repeated `rows` times.
-
-    The new cache holds views, not copies: a dynamic cache never writes into its tensors (every update concatenates
-    into new ones, a crop slices), so neither cache can change the other, and the first forward on the new cache
-    makes the one copy it needs (copying here too cost a second full copy of the prefix per batch)."""
-    new = DynamicCache()
-    if length == 0:
-        return new
-    for layer in cache.layers:
-        k = layer.keys[:1, :, :length].expand(rows, -1, -1, -1)  # (rows, H, length, D), one copy's memory
-        v = layer.values[:1, :, :length].expand(rows, -1, -1, -1)
-        held = DynamicLayer()
-        held.lazy_initialization(k, v)
-        held.keys, held.values = k, v  # (building from `ddp_cache_data` would concatenate: a copy)
-        new.layers.append(held)
-    return new
-
-
-class PrefixStore:
-    """The KV caches of the last few prompts per model: a new prompt sharing a long prefix with one of them (the
-    same few-shot examples, the same chat preamble) starts from a copy instead of re-encoding it."""
-
-    def __init__(self, per_model: int = 2, min_tokens: int = 16):
-        self.per_model, self.min_tokens = per_model, min_tokens
-        self.entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # LoadedModel -> [(ids, cache)]
-        self.lock = threading.Lock()
-
-    def lookup(self, lm: LoadedModel, ids: list[int]) -> tuple[DynamicCache, int]:
-        with self.lock:
-            best, best_len = None, 0
-            for old_ids, cache in self.entries.get(lm, []):
-                n = min(common_prefix(old_ids, ids), len(ids) - 1)  # feed at least one token for the logits
-                if n > best_len:
-                    best, best_len = cache, n
-            if best is None or best_len < self.min_tokens:
-                return DynamicCache(), 0
-            return copy_cache(best, best_len), best_len
-
-    def store(self, lm: LoadedModel, ids: list[int], cache: DynamicCache) -> None:
-        with self.lock:
-            entries = [e for e in self.entries.get(lm, []) if e[0] != ids]
-            entries.insert(0, (list(ids), copy_cache(cache, len(ids))))
-            self.entries[lm] = entries[: self.per_model]
-
-
-PREFIXES = PrefixStore()
-
-
-def has_thinking_switch(lm: LoadedModel) -> bool:
-    """The model's chat template reads `enable_thinking` (Qwen3: think first, or answer directly)."""
-    return "enable_thinking" in str(getattr(lm.tokenizer, "chat_template", None) or "")
-
-
-def render_prompt(lm: LoadedModel, prompt: str, mode: str, system: str = "",
-                  thinking: bool | None = None) -> tuple[str, str]:
-    """The text model `lm` is conditioned on, and the mode actually used (the trace's prompt mode).
-
-    Chat mode applies the model's chat template: `system` as a system message (inside the user message where the
-    template refuses or drops a system role), `thinking` as its `enable_thinking` switch where it has one. Raw mode,
-    and chat mode without a template, read the prompt as is; the mode says what was ignored."""
-    ignored = [what for what, given in (("system prompt", system), ("thinking switch", thinking is not None)) if given]
-    if mode != "chat" or not lm.has_chat_template:
-        why = ["no chat template"] if mode == "chat" else []
-        why += [f"{' and '.join(ignored)} ignored"] if ignored else []
-        return prompt, "raw" + (f" ({'; '.join(why)})" if why else "")
-    from jinja2 import TemplateError
-    tok, used, kw = lm.tokenizer, [], {}
-    if thinking is not None:
-        if has_thinking_switch(lm):
-            kw["enable_thinking"] = thinking
-        used.append(f"thinking {'on' if thinking else 'off'}" if kw else "no thinking switch")
-
-    def apply(messages: list[dict]) -> str:
-        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
-
-    user = {"role": "user", "content": prompt}
-    text = apply([user])
-    if system:
-        try:
-            with_system = apply([{"role": "system", "content": system}, user])
-        except TemplateError:  # e.g. "System role not supported"
-            with_system = text
-        if with_system != text:
-            text = with_system
-            used.insert(0, "system")
-        else:  # refused or silently dropped: the user message carries it
-            text = apply([{"role": "user", "content": f"{system}\n\n{prompt}"}])
-            used.insert(0, "system in user message")
-    bos = getattr(tok, "bos_token", None)
-    if lm.add_bos and bos and text.startswith(bos):
-        text = text[len(bos):]  # we add BOS as an id ourselves
-    return text, "chat" + (f" ({', '.join(used)})" if used else "")
 
 
 class LocalBranch(Branch):
@@ -161,98 +62,9 @@ class _Drafts:
         return None
 
 
-class TokenizedView(ModelView):
-    """The text side of a model's view, shared by local and served models: the rendered prompt, the committed text,
-    its token ids (tokenized from an anchor) and byte-exact decoding. Subclasses add the forward passes.
-
-    `encode` tokenizes from an anchor: `ids[:anchor_tok]` are the tokens of the first `anchor_char` characters of
-    the text, and tokenizing the rest alone gives the rest (checked against a full tokenization whenever the anchor
-    moves).
-    """
-
-    def __init__(self, lm: LoadedModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
-                 thinking: bool | None = None):
-        self.lm = lm
-        self.name = lm.name
-        # the end of the answer: the model's end tokens and every token that starts a stop string
-        self.end_ids, self.banned_ids = lm.end_ids | lm.stop_token_ids(stop), lm.banned_ids
-        self.prefix_text, self.mode_used = render_prompt(lm, prompt, mode, system, thinking)
-        self.text = ""
-        self.forward_passes = 0
-        self.tokens_fed = 0
-        self.seconds = 0.0
-        self.tokenizer_seconds = 0.0
-        self.selection_seconds, self.selections_made = 0.0, 0  # choosing exploration's first tokens (selection.py)
-        self.peak_side_bytes = 0  # the largest prefix copy a batch made (exploration, beam, scoring)
-        self.anchor_char, self.anchor_tok = 0, 0
-        self.ids = self.encode("")
-        self.prompt_tokens = len(self.ids)
-        if lm.max_positions and self.prompt_tokens >= lm.max_positions:
-            raise PromptError(f"the prompt is {self.prompt_tokens} tokens for {lm.name}, whose context holds "
-                              f"{lm.max_positions}: shorten it (fewer few-shot examples)")
-        self._move_anchor()
-
-    # ---- tokenization ----
-    def _tokenize(self, text: str) -> list[int]:
-        return self.lm.tokenize(text)
-
-    def _full(self, y: str) -> list[int]:
-        ids = self._tokenize(self.prefix_text + y)
-        return [self.lm.tokenizer.bos_token_id] + ids if self.lm.add_bos else ids
-
-    def encode(self, y: str) -> list[int]:
-        """Token ids of render(prompt) + y, tokenized jointly as a fresh encoding would (from the anchor)."""
-        t0 = time.perf_counter()
-        full_len = len(self.prefix_text)
-        a = self.anchor_char - full_len  # the anchor's position inside y (negative: inside the prompt)
-        if self.anchor_tok and a >= 0 and y.startswith(self.text[:a]):
-            ids = self.ids[: self.anchor_tok] + self._tokenize(y[a:])
-        elif self.anchor_tok and a < 0:
-            ids = self.ids[: self.anchor_tok] + self._tokenize(self.prefix_text[self.anchor_char:] + y)
-        else:
-            ids = self._full(y)
-        self.tokenizer_seconds += time.perf_counter() - t0
-        return ids
-
-    def _move_anchor(self) -> None:
-        """Put the anchor at the start of a committed word that two more words follow, if tokenizing from there
-        reproduces the full tokenization; else keep the old one."""
-        if len(self.ids) - self.anchor_tok < ANCHOR_EVERY:
-            return
-        t0 = time.perf_counter()
-        full_text = self.prefix_text + self.text
-        starts = [i for i in word_starts(full_text) if i > self.anchor_char]
-        if len(starts) >= 3:
-            a = starts[-3]
-            enc = self.lm.tokenize(full_text, offsets=True)
-            shift = 1 if self.lm.add_bos else 0
-            k = next((j for j, (lo, _) in enumerate(enc.offset_mapping) if lo >= a), None)
-            full = ([self.lm.tokenizer.bos_token_id] if shift else []) + enc.input_ids
-            if full != self.ids:  # never seen; if it were, a full tokenization from here on repairs it
-                self.anchor_char, self.anchor_tok = 0, 0
-            elif k is not None and k > 0 and enc.offset_mapping[k][0] == a and enc.offset_mapping[k - 1][1] <= a:
-                if full[: k + shift] + self._tokenize(full_text[a:]) == full:
-                    self.anchor_char, self.anchor_tok = a, k + shift
-        self.tokenizer_seconds += time.perf_counter() - t0
-
-    def decode(self, ids: list[int]) -> str:
-        return self.lm.decode(ids)
-
-    def decode_after(self, context: list[int], new: list[int]) -> str:
-        """Text that tokens `new` add after `context` (anchored so leading spaces survive; no clean-up)."""
-        n = min(4, len(context))
-        head = self.decode(context[len(context) - n:]) if n else ""
-        while n < min(len(context), 12) and head.startswith("\ufffd"):  # the anchor began inside a character
-            n += 1
-            head = self.decode(context[len(context) - n:])
-        full = self.decode(context[len(context) - n:] + new)
-        return full[len(head):] if full.startswith(head) else self.decode(new)
-
-    def vocab_texts(self) -> list[str]:
-        return self.lm.vocab_texts()
-
 class LocalSession(TokenizedView):
-    """Token ids and KV cache of `render(prompt) + y` for one local model.
+    """Token ids and KV cache of `render(prompt) + y` for one local model (a `LocalModel`: its weights, its prefix
+    store).
 
     Invariants: the cache holds `cached_ids` (the committed `ids`, possibly followed by speculative
     tokens of this model's own greedy proposal); `next_logprobs` is the next-token distribution after
@@ -263,7 +75,7 @@ class LocalSession(TokenizedView):
                  thinking: bool | None = None):
         super().__init__(lm, prompt, mode, stop, system, thinking)
         # full layers only: sliding-window layers could not be cropped
-        self.cache, reused = PREFIXES.lookup(lm, self.ids)
+        self.cache, reused = lm.prefixes.lookup(self.ids)
         self.cached_ids = self.ids[:reused]
         self.end_logprobs = self._feed(self.ids[reused:])[-1]
         self.next_logprobs = self.end_logprobs
@@ -277,7 +89,7 @@ class LocalSession(TokenizedView):
         # log-probs after each, and how many `extend` has taken
         self._guessed: tuple[list[int], torch.Tensor] | None = None
         self._guess_taken = 0
-        PREFIXES.store(lm, self.ids, self.cache)
+        lm.prefixes.store(self.ids, self.cache)
 
     # ---- forward passes ----
     @torch.inference_mode()

@@ -7,7 +7,9 @@ import pytest
 from adafuse import AdaFuse, DecodeConfig, get_model
 from adafuse.errors import ModelLoadError, ServerError
 from adafuse.harness import serve
-from tests.test_real_models import qa_prompt
+from tests.real import qa_prompt
+
+pytestmark = pytest.mark.served
 
 REQUIRED = os.environ.get("ADAFUSE_REQUIRE_VLLM") == "1"
 
@@ -76,10 +78,10 @@ def test_the_eval_harness_runs_a_served_model(server, remote, pair, tmp_path):
     from adafuse.harness.evaluate import evaluate, load_results, parse_methods
     from adafuse.harness.tasks import TASKS
     runs = parse_methods(["adafuse", "greedy"], [server.spec, "gemma3-270m"])
-    evaluate(TASKS["triviaqa"], runs, tmp_path, limit=2, progress=False)
+    evaluate(TASKS["triviaqa"], runs, tmp_path, limit=1, progress=False)
     rows = load_results(tmp_path)
     assert sorted({r["method"] for r in rows}) == sorted(["adafuse", f"greedy:{server.spec}", "greedy:gemma3-270m"])
-    assert len(rows) == 6 and all(r["trace"]["output"].strip() for r in rows)
+    assert len(rows) == 3 and all(r["trace"]["output"].strip() for r in rows)
 
 
 def test_a_server_killed_mid_decode_is_a_typed_error_and_keeps_the_trace(server, remote, pair):

@@ -1,0 +1,63 @@
+"""KV caches of recent prompts, kept by the model that computed them, and cheap copies of a cached prefix."""
+from __future__ import annotations
+
+import threading
+
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from ..words import common_prefix
+
+
+def copy_cache(cache: DynamicCache, length: int, rows: int = 1) -> DynamicCache:
+    """A new cache holding the first `length` positions of row 0 of `cache`, repeated `rows` times.
+
+    The new cache holds views, not copies: a dynamic cache never writes into its tensors (every update concatenates
+    into new ones, a crop slices), so neither cache can change the other, and the first forward on the new cache
+    makes the one copy it needs (copying here too cost a second full copy of the prefix per batch)."""
+    new = DynamicCache()
+    if length == 0:
+        return new
+    for layer in cache.layers:
+        k = layer.keys[:1, :, :length].expand(rows, -1, -1, -1)  # (rows, H, length, D), one copy's memory
+        v = layer.values[:1, :, :length].expand(rows, -1, -1, -1)
+        held = DynamicLayer()
+        held.lazy_initialization(k, v)
+        held.keys, held.values = k, v  # (building from `ddp_cache_data` would concatenate: a copy)
+        new.layers.append(held)
+    return new
+
+
+class PrefixStore:
+    """One model's KV caches of its last few prompts: a new prompt sharing a long prefix with one of them (the same
+    few-shot examples, the same chat preamble) starts from a copy instead of re-encoding it. Each local model holds
+    its own (`LocalModel.prefixes`), so whoever holds the model holds its store."""
+
+    def __init__(self, size: int = 2, min_tokens: int = 16):
+        self.size, self.min_tokens = size, min_tokens
+        self.entries: list[tuple[list[int], DynamicCache]] = []  # most recent first
+        self.lock = threading.Lock()
+
+    def lookup(self, ids: list[int]) -> tuple[DynamicCache, int]:
+        """A cache holding the longest stored prefix of `ids` (at least `min_tokens`, at most all but the last
+        token, so a forward is left to give the logits) and its length; an empty cache and 0 otherwise."""
+        with self.lock:
+            best, best_len = None, 0
+            for old_ids, cache in self.entries:
+                n = min(common_prefix(old_ids, ids), len(ids) - 1)  # feed at least one token for the logits
+                if n > best_len:
+                    best, best_len = cache, n
+            if best is None or best_len < self.min_tokens:
+                return DynamicCache(), 0
+            return copy_cache(best, best_len), best_len
+
+    def store(self, ids: list[int], cache: DynamicCache) -> None:
+        """Keep the first len(ids) positions of `cache` as the KV of `ids`, dropping the oldest beyond `size`."""
+        with self.lock:
+            entries = [e for e in self.entries if e[0] != ids]
+            entries.insert(0, (list(ids), copy_cache(cache, len(ids))))
+            self.entries = entries[: self.size]
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries = []

@@ -1,0 +1,49 @@
+"""Helpers for the tests on the real bundled pair: benchmark prompts, the checks every real trace passes, tolerances."""
+import json
+
+import torch
+
+from adafuse import Trace
+from adafuse.harness.tasks import DEFAULT_DATA as SHARED  # $ADAFUSE_DATA, ../shared/data, or the sample in assets/data
+from adafuse.harness.tasks import TASKS, read_examples
+
+assert (SHARED / "nq" / "prompt.txt").exists(), f"benchmark data not found at {SHARED}: set ADAFUSE_DATA"
+
+
+def qa_prompt(task: str, index: int = 0) -> str:
+    prompt = (SHARED / task / "prompt.txt").read_text()
+    row = json.loads((SHARED / task / "dev.jsonl").read_text().splitlines()[index])
+    return f"{prompt}\n\nQuestion: {row['question']}\nAnswer:"
+
+
+def gsm8k_prompt(index: int = 0) -> str:
+    prompt = (SHARED / "gsm8k" / "prompt.txt").read_text()
+    row = json.loads((SHARED / "gsm8k" / "test300.jsonl").read_text().splitlines()[index])
+    return f"{prompt}\n\nQuestion: {row['question']}\nLet's think step by step\n"
+
+
+def flores_prompt(index: int) -> str:
+    task = TASKS["flores-de-en"]
+    head = (SHARED / task.folder / task.prompt_file).read_text()
+    return task.prompt(head, read_examples(SHARED / task.folder / task.file, index + 1)[index][1]["question"])
+
+
+def check_trace(tr: Trace) -> None:
+    assert tr.output.strip(), "empty output"
+    assert tr.output == "".join(r.text for r in tr.rounds)
+    assert Trace.from_dict(json.loads(tr.to_json())) == tr
+    for r in tr.rounds:
+        assert 0 <= r.chosen < len(r.candidates) and len(r.steps) == len(tr.models)
+        if len(r.candidates) > 1:
+            fused = [c.fused for c in r.candidates]
+            assert r.winner == fused.index(min(fused))
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Largest log-prob difference two equivalent computations may show in this dtype (bf16 keeps 8 bits)."""
+    return 1e-4 if dtype == torch.float32 else 0.1
+
+
+def models_disagree(tr: Trace) -> bool:
+    """Some round where the two models proposed different candidates."""
+    return any(set(r.steps[0].proposals) != set(r.steps[1].proposals) for r in tr.rounds)

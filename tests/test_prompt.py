@@ -1,0 +1,59 @@
+"""Prompts (adafuse/models/prompt.py): chat templates with a system prompt and the thinking switch, raw prompts, and
+what each mode says it ignored; on SmolLM2's tokenizer with its own and other templates."""
+import copy
+import dataclasses
+
+import pytest
+
+from adafuse.models.prompt import has_thinking_switch, render_prompt
+
+
+@pytest.fixture(scope="module")
+def smol(pair):
+    return pair[0]  # SmolLM2-135M-Instruct: a chat template with a default system message
+
+
+THINKING_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}<|assistant|>"
+                     "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}")
+
+
+NO_SYSTEM_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not "
+                      "supported') }}{% endif %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}<|assistant|>")
+
+
+def _with_template(lm, template: str):
+    """The same model with a copy of its tokenizer that has another chat template."""
+    tok = copy.deepcopy(lm.tokenizer)
+    tok.chat_template = template
+    return dataclasses.replace(lm, tokenizer=tok)
+
+
+def test_chat_system_prompt_comes_before_the_user_message(smol):
+    text, mode = render_prompt(smol, "What is 2+2?", "chat", system="Answer with one number.")
+    assert mode == "chat (system)"
+    assert text.index("<|im_start|>system\nAnswer with one number.") < text.index("<|im_start|>user\nWhat is 2+2?")
+    assert "You are a helpful AI assistant" not in text  # it replaces the template's default system message
+    assert render_prompt(smol, "What is 2+2?", "chat")[1] == "chat"
+    # raw mode (and chat without a template) read the prompt as is, and say what they ignored
+    assert render_prompt(smol, "Q", "raw", system="S") == ("Q", "raw (system prompt ignored)")
+    assert render_prompt(smol, "Q", "raw", thinking=False) == ("Q", "raw (thinking switch ignored)")
+    plain = _with_template(smol, None)
+    assert render_prompt(plain, "Q", "chat", system="S") == ("Q", "raw (no chat template; system prompt ignored)")
+    assert render_prompt(plain, "Q", "chat") == ("Q", "raw (no chat template)")
+
+
+def test_a_template_without_a_system_role_gets_it_in_the_user_message(smol):
+    lm = _with_template(smol, NO_SYSTEM_TEMPLATE)
+    text, mode = render_prompt(lm, "What is 2+2?", "chat", system="Be brief.")
+    assert text == "<|user|>Be brief.\n\nWhat is 2+2?\n<|assistant|>" and mode == "chat (system in user message)"
+
+
+def test_the_thinking_switch_reaches_templates_that_have_it(smol):
+    lm = _with_template(smol, THINKING_TEMPLATE)
+    assert has_thinking_switch(lm) and not has_thinking_switch(smol)
+    on, off, default = (render_prompt(lm, "Hi", "chat", thinking=t) for t in (True, False, None))
+    assert off[0].endswith("<think></think>") and not on[0].endswith("</think>") and default[0] == on[0]
+    assert (on[1], off[1], default[1]) == ("chat (thinking on)", "chat (thinking off)", "chat")
+    # a template without the switch is rendered as without the setting, and the mode says so
+    assert render_prompt(smol, "Hi", "chat", thinking=False) == (render_prompt(smol, "Hi", "chat")[0],
+                                                                 "chat (no thinking switch)")
