@@ -4,7 +4,7 @@ Every test is in exactly one tier (pyproject.toml registers them):
   unit     toy models and hand-built traces: no real model, browser or server (`./dev test -m unit`, under a minute)
   models   the real bundled pair (SmolLM2-135M-Instruct + Gemma-3-270M) or another real model
   browser  the app in Chromium (tests/test_app_browser.py)
-  served   a model served by vLLM (tests/test_remote.py)
+  served   a model served by vLLM (tests/test_served.py)
 A module's `pytestmark` or a test's own mark names its tier; otherwise a test that asks for a fixture holding a real
 model (`pair`, directly or through another fixture) is in `models`, and every other test is in `unit`. A unit test
 that loads real weights anyway fails with a message saying to mark it.

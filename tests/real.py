@@ -1,9 +1,14 @@
 """Helpers for the tests on the real bundled pair: benchmark prompts, the checks every real trace passes, tolerances."""
 import json
 
+import pytest
+
 import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 from adafuse import Trace
+from adafuse.models.session import LocalSession
 from adafuse.harness.tasks import DEFAULT_DATA as SHARED  # $ADAFUSE_DATA, ../shared/data, or the sample in assets/data
 from adafuse.harness.tasks import TASKS, read_examples
 
@@ -47,3 +52,15 @@ def tolerance(dtype: torch.dtype) -> float:
 def models_disagree(tr: Trace) -> bool:
     """Some round where the two models proposed different candidates."""
     return any(set(r.steps[0].proposals) != set(r.steps[1].proposals) for r in tr.rounds)
+
+
+# Property tests on the real pair: texts built from pieces that stress tokenizers (CJK, emoji, URLs, whitespace runs)
+PIECES = list("abcXYZ019 .,;:!?'-\n") + ["  ", "\n\n", "巴", "黎", "是", "法国", "🙂", "😀", "é", "ß", "ー", "https://x.io/a?b=1"]
+TEXTS = st.lists(st.sampled_from(PIECES), min_size=1, max_size=25).map("".join)
+RELAXED = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def views(pair):
+    """A view of each real model after the prompt "Text:" (import it into a test module to use it)."""
+    return [LocalSession(lm, "Text:") for lm in pair]

@@ -25,5 +25,9 @@ def test_the_benchmark_measures_each_model_on_every_thread_and_on_its_share(pair
     monkeypatch.undo()
     # the ratio: the slower model on its share over all models on every thread, added up
     assert bench.floor_ratio([("a", 0.030, 0.040), ("b", 0.040, 0.064)]) == pytest.approx(0.064 / 0.070)
+    # the printed floor, from the timings just measured (not measured again)
+    monkeypatch.setattr(bench, "cpu_step_seconds", lambda models, context, steps: (every, share, timings))
     lines = bench.side_by_side_floor(pair, context=32, steps=2)
     assert len(lines) == 2 + len(pair) and "at best the slower model's" in lines[-1]
+    assert lines[1] == f"  {timings[0][0]}: {1000 * timings[0][1]:.1f} ms on 2 thread(s), {1000 * timings[0][2]:.1f} ms on 1"
+    assert f"= {bench.floor_ratio(timings):.2f}×" in lines[-1]

@@ -9,6 +9,7 @@ from adafuse.explain import token_view
 from app.explain_html import token_view_html, tree_html
 from adafuse.trace import Candidate, ModelStep, Round, Trace
 from tests.toy import V, toy_model, toy_pair
+from tests.traces import hand_trace
 
 ONE_WORD = DecodeConfig(max_words=1)  # a commits one word a round: " Paris", " is", " nice." (3 rounds, 3 pools)
 
@@ -28,17 +29,6 @@ class Nodes(HTMLParser):
         a = dict(attrs)
         if "data-node" in a:
             self.nodes.append((tag, a))
-
-
-def hand_trace() -> Trace:
-    r0 = Round(0, [ModelStep("a", "commit", [0.9], [0]), ModelStep("b", "commit", [0.8], [0])],
-               [Candidate(" The <b>sky", False, ["a", "b"], {}, {}, None, 2)], 0, 0, " The <b>sky", 2, 0.2)
-    r1 = Round(1, [ModelStep("a", "commit", [0.95], [0]), ModelStep("b", "explore", [0.2], [1, 2])],
-               [Candidate(" is", False, ["a"], {"a": 0.1, "b": 0.5}, {"a": 1, "b": 1}, 0.3, 1),
-                Candidate(" was", False, ["b"], {"a": 2.0, "b": 0.4}, {"a": 1, "b": 1}, 1.2, 1),
-                Candidate("", True, ["b"], {"a": 3.0, "b": 1.0}, {"a": 1, "b": 1}, 2.0, 0)],
-               chosen=1, winner=0, text=" was", words=1, seconds=0.4, overridden=True)
-    return Trace("Q", ["a", "b"], {"tau": 0.7}, {"a": "raw", "b": "raw"}, [r0, r1], " The <b>sky was")
 
 
 def test_tree_nodes_are_buttons_except_the_chosen_path():

@@ -2,13 +2,13 @@
 guesses fed with a catch-up, anchored tokenization, the prompt a session was given."""
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from adafuse import AdaFuse, DecodeConfig
 from adafuse.models import tokenized as session_module
 from adafuse.models.session import LocalSession
-from tests.real import gsm8k_prompt, tolerance
+from tests.real import RELAXED, TEXTS, gsm8k_prompt, tolerance, views  # noqa: F401  (views: a fixture)
 from tests.toy import A_RULES, B_RULES, V, first_round, toy_model, toy_pair
 
 
@@ -89,14 +89,6 @@ def test_text_is_appended_byte_for_byte_without_clean_up(pair):
         assert sm.lm.decode(head) + sm.decode_after(head, tail) == text
 
 
-PIECES = list("abcXYZ019 .,;:!?'-\n") + ["  ", "\n\n", "巴", "黎", "是", "法国", "🙂", "😀", "é", "ß", "ー", "https://x.io/a?b=1"]
-TEXTS = st.lists(st.sampled_from(PIECES), min_size=1, max_size=25).map("".join)
-RELAXED = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@pytest.fixture(scope="module")
-def views(pair):
-    return [LocalSession(lm, "Text:") for lm in pair]
 
 
 @RELAXED

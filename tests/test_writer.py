@@ -2,21 +2,13 @@
 character."""
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from adafuse.models.session import LocalSession
 from adafuse.writer import Word
+from tests.real import RELAXED, TEXTS, views  # noqa: F401  (views: a fixture)
 
 
-PIECES = list("abcXYZ019 .,;:!?'-\n") + ["  ", "\n\n", "巴", "黎", "是", "法国", "🙂", "😀", "é", "ß", "ー", "https://x.io/a?b=1"]
-TEXTS = st.lists(st.sampled_from(PIECES), min_size=1, max_size=25).map("".join)
-RELAXED = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@pytest.fixture(scope="module")
-def views(pair):
-    return [LocalSession(lm, "Text:") for lm in pair]
 
 
 @RELAXED
