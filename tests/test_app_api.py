@@ -19,16 +19,19 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def api_url():
+def api_url(pair):
     import gradio as gr
-    from app.api import register
-    with gr.Blocks() as demo:
-        gr.Markdown("API only")
-        register()
-    port = _free_port()
-    demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
+    from adafuse.models import default_registry
+    from app import api
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "MODELS", default_registry())  # the pair this session loaded, not a second copy
+        with gr.Blocks() as demo:
+            gr.Markdown("API only")
+            api.register()
+        port = _free_port()
+        demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+        yield f"http://127.0.0.1:{port}/"
+        demo.close()
 
 
 def test_decode_endpoint_answers_a_script(api_url):

@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 pytestmark = pytest.mark.browser
 
@@ -118,7 +119,6 @@ def upload_trace(pg, path) -> None:
 
 def cap_words(pg, n: int) -> None:
     """Lower Max new words (an example set it) where a test needs no longer answer than `n` words."""
-    from playwright.sync_api import expect
     box = pg.locator("#af-max-words input[type=number]")
     box.fill(str(n))
     box.press("Tab")
@@ -227,7 +227,7 @@ def test_run_commits_the_step_pick_first_and_a_reset_is_not_undone_by_the_run(pa
     pg = page
     fresh(pg, "Chat · three colours", "primary colors")
     pg.get_by_label("Also run each model alone (greedy)").uncheck()  # not looked at here
-    cap_words(pg, 16)
+    cap_words(pg, 12)
     step_and_pick_another(pg)
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done", 300)
@@ -300,7 +300,7 @@ def test_decision_tree_branches_and_token_view(page):
     pg = page
     fresh(pg, "Chat · three colours", "primary colors")
     pg.get_by_label("Also run each model alone (greedy)").uncheck()
-    cap_words(pg, 16)
+    cap_words(pg, 12)
     pg.locator("#af-run").click()
     assert "gemma3-270m has no chat template" in wait_status(pg, "✓ done")  # chat read raw: said on the page
     assert "read raw (no chat template): gemma3-270m" in pg.locator("#af-fused .af-legend").inner_text()
@@ -503,6 +503,10 @@ def test_evaluate_tab_lists_results_and_opens_a_trace(page):
     pg = page
     fresh(pg)
     open_tab(pg, "Evaluate")
+    examples = pg.locator('input[aria-label="number input for Examples"]')  # one is enough to list and open
+    examples.fill("1")
+    examples.press("Tab")
+    expect(examples).to_have_value("1")
     pg.locator("#af-eval-run").click()
     end = time.time() + 400
     while "runs on" not in pg.locator("#af-eval-status").inner_text():

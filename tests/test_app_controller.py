@@ -169,12 +169,14 @@ def test_a_branch_from_the_candidate_already_chosen_is_refused_before_any_model_
         next(ex.branch(0, 1))
 
 
-def test_step_mode_keeps_its_rounds_when_settings_change(pair):
+def test_step_mode_keeps_its_rounds_when_settings_change(pair, monkeypatch):
     """Live settings apply from the next round (recorded in the trace); a new prompt, models or mode asks for a
     confirmation (a second press) before anything is dropped."""
     from dataclasses import replace
 
     from adafuse import DEFAULT_PAIR, DecodeConfig
+    from adafuse.models import default_registry
+    monkeypatch.setattr(controller, "MODELS", default_registry())  # the pair this session loaded, not a second copy
     names, prompt = list(DEFAULT_PAIR), "Write a long story about a dragon.\nStory:"
     cfg = DecodeConfig(max_new_words=30)
     ex = Explorer()

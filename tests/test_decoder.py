@@ -241,7 +241,7 @@ def test_a_decode_traces_the_system_prompt(pair):
 
 @pytest.mark.parametrize("prompt", ["a", "?", "Hi", "🙂"])
 def test_short_prompts_decode(pair, prompt):
-    tr = AdaFuse(pair, DecodeConfig(max_new_words=4, tau=0.9)).generate(prompt)
+    tr = AdaFuse(pair, DecodeConfig(max_new_words=2, tau=0.9)).generate(prompt)
     assert tr.output == "".join(r.text for r in tr.rounds)
     json.loads(tr.to_json())
 

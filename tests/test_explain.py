@@ -7,7 +7,7 @@ import pytest
 from adafuse import AdaFuse, ConfigError, DecodeConfig
 from adafuse.explain import token_view
 from app.explain_html import token_view_html, tree_html
-from adafuse.trace import Candidate, ModelStep, Round, Trace
+from adafuse.trace import Round, Trace
 from tests.toy import V, toy_model, toy_pair
 from tests.traces import hand_trace
 

@@ -1,14 +1,11 @@
 """The word builder (adafuse/writer.py) on the real bundled tokenizers: words are byte-exact and never end inside a
 character."""
-import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from adafuse.writer import Word
 from tests.real import RELAXED, TEXTS, views  # noqa: F401  (views: a fixture)
-
-
 
 
 @RELAXED
