@@ -22,7 +22,7 @@ class Ending:
 
     def stop_string_at(self, text: str, at: int) -> bool:
         """Whether one of the stop strings (not only an end-token string) begins at index `at` of `text`."""
-        return find_stop(text, self.stops, at) == at
+        return any(text.startswith(x, at) for x in self.stops)
 
     def head(self, old: str, text: str, eos: bool) -> tuple[str, bool, bool]:
         """A span after `old` holding a stop string or an end-token string is cut before it and ends the answer:

@@ -98,13 +98,11 @@ class Workers:
 
     def __init__(self, models: Sequence, parallel: bool | None = None, threads: int | None = None,
                  probe: bool = True):
-        distinct: list = []  # each loaded model once, in order of first appearance: views of one model share a worker
-        self.group = []
-        for m in models:
-            g = next((k for k, d in enumerate(distinct) if d is m), len(distinct))
-            if g == len(distinct):
-                distinct.append(m)
-            self.group.append(g)
+        # each loaded model once, in order of first appearance (models compare by identity): views of one model share
+        # a worker
+        groups: dict = {}
+        self.group = [groups.setdefault(m, len(groups)) for m in models]
+        distinct = list(groups)
         self.devices = [m.device for m in models]
         # models computing on this machine's CPU share its cores; GPUs and servers compute elsewhere
         cpu = {self.group[i] for i, m in enumerate(models)

@@ -272,7 +272,7 @@ class Explorer:
         runs = parse_methods(list(methods), model_specs(names, device))
         out = Path(tempfile.mkdtemp(prefix="adafuse-eval-"))
         evaluate(TASKS[task_name], runs, out, limit=int(limit), base=base, progress=True,
-                 trust_remote_code=self.trusted)
+                 trust_remote_code=self.trusted, registry=MODELS)  # the models the rest of the page uses
         self.eval_rows = load_results(out)
         return self.eval_rows
 

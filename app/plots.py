@@ -128,7 +128,7 @@ def compare_html(trace: Trace | None, singles: dict[str, Trace] | None, others: 
     cols = []
     if trace:
         method = trace.settings.get("method", "adafuse")
-        cols.append((f"{METHODS[method].label if method in METHODS else method} (fused)", trace.output,
+        cols.append((f"{'AdaFuse' if method == 'adafuse' else method} (fused)", trace.output,
                      f"{trace.words} words · {_seconds(trace):.1f}s"))
     for name, t in (others or {}).items():
         cols.append((name, t.output, f"{t.words} words · {_seconds(t):.1f}s"))

@@ -9,25 +9,24 @@ output. Prints one line per row that differs and a table per task; exits 1 if an
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import time
 from pathlib import Path
 
 from adafuse import AdaFuse, DecodeConfig, get_model
+from adafuse.harness.evaluate import read_rows
 from adafuse.report import format_table
 
 
 def rows_to_check(path: Path, per_method: int) -> list[dict]:
+    """The first `per_method` rows of every method in one results file."""
     seen: dict[str, int] = {}
     out = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if seen.get(row["method"], 0) < per_method:
-                seen[row["method"]] = seen.get(row["method"], 0) + 1
-                out.append(row)
+    for row in read_rows(path):
+        if seen.get(row["method"], 0) < per_method:
+            seen[row["method"]] = seen.get(row["method"], 0) + 1
+            out.append(row)
     return out
 
 

@@ -164,17 +164,21 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
 
 def load_results(out_dir: Path) -> list[dict]:
     """Every row of OUT/<task>.jsonl (or of <task>.jsonl.gz where there is no unpacked file)."""
-    import gzip
-    rows = []
     paths = sorted(out_dir.glob("*.jsonl"))
     paths += [p for p in sorted(out_dir.glob("*.jsonl.gz")) if p.with_suffix("") not in paths]
-    for path in paths:
-        raw = gzip.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".gz" else path.read_text("utf-8")
-        for line in raw.splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
+    return [row for path in paths for row in read_rows(path)]
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of one results file (.jsonl, or .jsonl.gz); a line cut off by an interrupted run is skipped."""
+    import gzip
+    raw = gzip.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".gz" else path.read_text("utf-8")
+    rows = []
+    for line in raw.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
     return rows
 
 

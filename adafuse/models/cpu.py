@@ -1,6 +1,7 @@
 """CPU kernels for float32 models loaded here: linear layers as W·xᵀ (recorded per machine), grouped attention."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -82,45 +83,58 @@ def _linears(model) -> tuple[torch.nn.Linear | None, list[torch.nn.Linear]]:
     return (head if head in linears and head.weight.shape[0] >= HEAD_ROWS else None), inner
 
 
-def machine_key(head: torch.nn.Linear | None, inner: list[torch.nn.Linear]) -> str:
-    """What a recorded choice holds for: this CPU, this torch, the torch threads, and the layers' shapes."""
-    cpu = platform.processor() or platform.machine()
+@functools.cache
+def cpu_name() -> str:
+    """This machine's CPU model (from /proc/cpuinfo where there is one; the platform's name otherwise)."""
     try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), cpu)
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(head: torch.nn.Linear | None, inner: list[torch.nn.Linear]) -> str:
+    """What a recorded choice holds for: this CPU, this torch, the torch threads, and the layers' shapes."""
+    cpu = cpu_name()
     big = max(inner, key=lambda m: m.weight.numel()) if inner else None
     shape = lambda m: "none" if m is None else "×".join(map(str, m.weight.shape))  # noqa: E731
     return f"{cpu} | torch {torch.__version__} | {torch.get_num_threads()} threads | output {shape(head)} | " \
            f"inner {shape(big)}"
 
 
-def choose_linears(model, record: Path, choice: bool | None = None) -> tuple[LinearChoice, str]:
+def _read_record(record: Path) -> dict:
+    """The recorded choices (an unreadable file reads as none, and the next choice rewrites it)."""
+    try:
+        return json.loads(record.read_text()) if record.exists() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def choose_linears(head: torch.nn.Linear | None, inner: list[torch.nn.Linear], record: Path,
+                   choice: bool | None = None) -> tuple[LinearChoice, str]:
     """The layers to compute as W·xᵀ and where that choice comes from. Which is faster depends on the machine, so the
     first load on a machine measures it (`probe_linears`, a few hundred ms) and records it in `record` (JSON, by
     `machine_key`); later loads read it back, so two loads of a model on one machine run the same code. Delete or edit
-    the entry to choose again; `choice` True takes every candidate without measuring."""
-    head, inner = _linears(model)
+    the entry to choose again; `choice` True takes every candidate without measuring. `head`, `inner`: the model's
+    candidate layers (`_linears`)."""
     if choice:
         return LinearChoice(output=head is not None, inner_most=CpuInner.most if inner else 0), "chosen by the caller"
     key = machine_key(head, inner)
-    try:
-        known = json.loads(record.read_text()) if record.exists() else {}
-    except (OSError, ValueError):
-        known = {}
+    known = _read_record(record)
     if key in known:
         return LinearChoice(**known[key]), f"recorded for this CPU in {record}"
     chosen = probe_linears(head, inner)
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
-        known = json.loads(record.read_text()) if record.exists() else {}
+        known = _read_record(record)
         if key in known:  # another load recorded it meanwhile: one choice per machine
             return LinearChoice(**known[key]), f"recorded for this CPU in {record}"
         tmp = record.with_name(record.name + f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({**known, key: asdict(chosen)}, indent=1, ensure_ascii=False))
         tmp.replace(record)
-    except (OSError, ValueError):
+    except OSError:
         return LinearChoice(), f"measured here but {record} cannot be written, so transformers' own layers (the same " \
                                "code on every load)"
     return chosen, f"measured on this CPU and recorded in {record}"
@@ -131,7 +145,7 @@ def use_linears(model, record: Path, choice: bool | None = None) -> list[str]:
     head, inner = _linears(model)
     if head is None and not inner:
         return []
-    chosen, why = choose_linears(model, record, choice)
+    chosen, why = choose_linears(head, inner, record, choice)
     notes = []
     if chosen.output and head is not None:
         head.__class__ = CpuHead

@@ -138,7 +138,7 @@ def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | 
         if not (path.is_dir() and (path / "config.json").exists()):
             raise ModelLoadError(f"{name} is not a model folder (no config.json) nor a .gguf file: point to a folder "
                                  "written by save_pretrained or to a .gguf file")
-        source, meta = str(path), {}
+        source = str(path)
         model, tokenizer, meta = _wrap_load(name, lambda: _load_folder(path, device, dtype, trust_remote_code))
     elif _HF_ID.match(name) and "/" in name:
         source = f"huggingface:{name}"

@@ -32,7 +32,7 @@ class ModelRegistry:
         """The model `name` names, loaded on first use. `name` may carry its placement (`parse_spec`);
         `device`/`dtype` arguments fill in what it does not say. A served spec (`vllm:…`) connects to its server."""
         if is_served_spec(name):  # a model on an inference server: nothing to place here, nothing to make room for
-            key, need = (name.strip(), "server", None, False), None
+            key, size = (name.strip(), "server", None, False), lambda: None
             load = lambda: load_served(name)  # noqa: E731
         else:
             name, spec_device, spec_dtype = parse_spec(name)
@@ -40,12 +40,14 @@ class ModelRegistry:
             device = "cuda:0" if device == "cuda" else device  # one key per place: cuda is cuda:0
             dtype = spec_dtype or dtype or default_dtype(device)
             key = (name, device, str(dtype).replace("torch.", ""), trust_remote_code)
-            need = _estimate_bytes(name, dtype)  # None (unknown): load, and make room only if it runs out of memory
+            # the bytes it will take (None, unknown: load, and make room only if it runs out of memory)
+            size = lambda: _estimate_bytes(name, dtype)  # noqa: E731
             load = lambda: load_model(name, device, dtype, trust_remote_code)  # noqa: E731
         with self._guard:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self._models:
+                need = size()  # only for a model not loaded yet (it reads the model's files)
                 if need is not None:
                     self._make_room(key, need)
                 try:

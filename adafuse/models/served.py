@@ -122,9 +122,6 @@ class ServedModel(LoadedModel):
     def describe(self) -> str:
         return f"{self.name} served at {self.url} (model {self.served!r}), connected in {self.load_seconds:.1f}s"
 
-    def info(self) -> dict:
-        return {**super().info(), "dtype": "served", "memory_mib": 0.0}
-
     def open_view(self, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
                   thinking: bool | None = None) -> "ServedSession":
         return ServedSession(self, prompt, mode, stop, system, thinking)
