@@ -15,8 +15,8 @@ from .gate import Gate, entropy, features, load_gate
 from .models import LoadedModel
 from .methods import METHODS, Method, Proposed, RoundContext, make_method
 from .parallel import Workers
-from .scoring import fused_score, score_candidates
-from .trace import Candidate, ModelStep, Round, StepMode, StopReason, Trace
+from .scoring import score_candidates
+from .trace import Candidate, ModelStep, Round, StepMode, StopReason, Trace, fused_score, lowest
 from .view import ModelView
 from .words import count_words, lookup_continuations
 
@@ -93,7 +93,7 @@ class Decoding:
                 decided = self._pool_round(ctx)
         steps, candidates = decided
         self.ledger.charge(steps)
-        winner = min(range(len(candidates)), key=lambda i: (candidates[i].fused is None, candidates[i].fused or 0.0, i))
+        winner = lowest([c.fused for c in candidates])
         weights, feats = self._gated if self._gated is not None else (self.weights() if self.method.scores else {}, {})
         self._gated = None
         self.pending = Round(index=len(self.trace.rounds), steps=steps, candidates=candidates, chosen=winner,

@@ -12,8 +12,8 @@ from .decoder import unique_names
 from .errors import ConfigError
 from .models import LoadedModel, get_model
 from .report import candidate_label
-from .scoring import END_MARK, Unscored, feed_from, place, read_ids, score_candidates, token_logprob
-from .trace import Candidate, Round, Trace
+from .scoring import END_MARK, feed_from, place, read_ids, score_candidates, token_logprob
+from .trace import Candidate, Round, Trace, Unscored
 from .writer import margin
 
 

@@ -3,22 +3,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
 from .candidates import Proposal
+from .trace import Unscored
 from .view import ModelView
 from .words import common_prefix
 from .writer import end_logprob_rows
 
 END_MARK = -1  # marks "the answer ends here" in a target sequence (scored with all of the model's end tokens)
-
-
-class Unscored(StrEnum):
-    """Why a model gives a candidate no NLL (`Score.note`, the trace's `Candidate.notes`); a str in the trace."""
-    NO_TOKENS = "no token of the candidate can be scored in context"
-    ZERO_PROB = "probability 0 under this model"   # ranks the candidate last when the model counts
 
 
 @dataclass
@@ -187,25 +181,3 @@ def _logprobs(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Propos
 
 def _real(seq: list[int]) -> list[int]:
     return seq[:-1] if seq and seq[-1] == END_MARK else seq
-
-
-def candidate_nll(c, model: str, normalize: str = "token") -> float | None:
-    """Model `model`'s NLL of candidate `c` (a trace `Candidate`) as it enters the fused score: per token as scored,
-    or per word (its total NLL over its words, the end of the answer counting as one word)."""
-    v = c.nll.get(model)
-    if v is None or normalize == "token":
-        return v
-    return v * c.n_tokens[model] / max(1, c.words + int(c.eos))
-
-
-def fused_score(c, weights: dict[str, float] | None = None, normalize: str = "token") -> float | None:
-    """Mean NLL (per token, or per word: `normalize`) of trace `Candidate` `c` over the models that scored it,
-    weighted by `weights` when given (Σ w·NLL / Σ w; a model of weight 0 is shown but does not count); None (ranked
-    last) when a counted model gives it probability 0."""
-    w = weights or {}
-    counted = {m: candidate_nll(c, m, normalize) for m in c.nll if w.get(m, 1.0) > 0}
-    if any(v is None and c.notes.get(m) == Unscored.ZERO_PROB for m, v in counted.items()):
-        return None
-    vals = [(w.get(m, 1.0), v) for m, v in counted.items() if v is not None]
-    total = sum(x for x, _ in vals)
-    return sum(x * v for x, v in vals) / total if total > 0 else None

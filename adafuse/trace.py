@@ -10,6 +10,9 @@ from pathlib import Path
 from .errors import TraceError
 
 TRACE_VERSION = 3  # 2: end events with stop strings, notes, end_term, cut; 3: stop strings of several tokens
+NLL_MAX = 1e6        # a per-token NLL above this (p < e^-1000000) is no model's: logits are never that far apart
+ROUNDING = 1e-4      # float32 log-probs: a near-certain token's log p may come out a little above 0
+PROB_FLOOR = 1e-30   # token union: a probability below this counts as it (the NLL of probability 0 is finite)
 
 
 class StepMode(StrEnum):
@@ -23,6 +26,11 @@ class StepMode(StrEnum):
     TOKEN = "token"      # token union: the model's top-k next tokens
     IDLE = "idle"        # did not act this round (mixture: not drawn)
 
+
+class Unscored(StrEnum):
+    """Why a model gives a candidate no NLL (`Candidate.notes`); a str, so traces stay plain data."""
+    NO_TOKENS = "no token of the candidate can be scored in context"
+    ZERO_PROB = "probability 0 under this model"   # ranks the candidate last when the model counts
 
 
 # How steps count in a round's kind and in the figures (plain strings compare equal: read traces too)
@@ -73,11 +81,39 @@ class Candidate:
     proposers: list[str]
     nll: dict[str, float | None]   # length-normalized NLL per model (None: not scored)
     n_tokens: dict[str, int]       # |T_m(c)| in context, per model
-    fused: float | None            # the fused score (scoring.fused_score: weighted mean NLL; lower is better)
+    fused: float | None            # the fused score (`fused_score`: weighted mean NLL; lower is better)
     words: int = 0
     straddle: dict[str, bool] = field(default_factory=dict)  # a token crossed the y|c boundary
     notes: dict[str, str] = field(default_factory=dict)      # per model: why its nll is None
     end_term: dict[str, float | None] = field(default_factory=dict)  # eos candidates: log p(answer ends) per model
+
+
+def candidate_nll(c: Candidate, model: str, normalize: str = "token") -> float | None:
+    """Model `model`'s NLL of candidate `c` as it enters the fused score: per token as scored, or per word (its total
+    NLL over its words, the end of the answer counting as one word)."""
+    v = c.nll.get(model)
+    if v is None or normalize == "token":
+        return v
+    return v * c.n_tokens[model] / max(1, c.words + int(c.eos))
+
+
+def fused_score(c: Candidate, weights: dict[str, float] | None = None, normalize: str = "token") -> float | None:
+    """Mean NLL (per token, or per word: `normalize`) of candidate `c` over the models that scored it, weighted by
+    `weights` when given (Σ w·NLL / Σ w; a model of weight 0 is shown but does not count); None (ranked last) when a
+    counted model gives it probability 0."""
+    w = weights or {}
+    counted = {m: candidate_nll(c, m, normalize) for m in c.nll if w.get(m, 1.0) > 0}
+    if any(v is None and c.notes.get(m) == Unscored.ZERO_PROB for m, v in counted.items()):
+        return None
+    vals = [(w.get(m, 1.0), v) for m, v in counted.items() if v is not None]
+    total = sum(x for x, _ in vals)
+    return sum(x * v for x, v in vals) / total if total > 0 else None
+
+
+def lowest(scores: list[float | None]) -> int:
+    """The index of the round's winner among these fused scores: the lowest, unscored (None) last, a tie to the
+    earlier candidate."""
+    return min(range(len(scores)), key=lambda i: (scores[i] is None, scores[i] or 0.0, i))
 
 
 @dataclass
@@ -172,26 +208,51 @@ class Trace:
         trace.check()
         return trace
 
+    # ---- the settings a round was decided under ----
+    def settings_at(self, round_index: int) -> dict:
+        """The settings round `round_index` was decided under: the decode's, updated by each mid-decode change from
+        the round it applied from."""
+        settings = dict(self.settings)
+        for ch in self.changes:
+            if ch["from_round"] <= round_index:
+                settings.update(ch["settings"])
+        return settings
+
+    def round_weights(self, round_index: int) -> dict[str, float]:
+        """Per model, the weight of its NLL in round `round_index`'s fused scores (empty: all equal): the round's
+        record (the settings' or a gate's weights), else, in a trace from before rounds recorded them, the settings'."""
+        recorded = self.rounds[round_index].weights
+        if recorded:
+            return dict(recorded)
+        return dict(zip(self.models, self.settings_at(round_index).get("weights") or ()))
+
     def check(self) -> None:
-        """Raise TraceError naming the first field whose type, index or length is wrong."""
+        """Raise TraceError naming the first field whose type, index or length is wrong, or whose numbers do not add
+        up (`_check_numbers`)."""
         def bad(where: str, what: str):
             raise TraceError(f"this trace is inconsistent: {where} {what}; load a file written by Trace.save or "
                              "the app's export")
 
-        def num(v, none=False):
-            return (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                            and math.isfinite(v))
-
+        num = _num
         if not isinstance(self.prompt, str) or not isinstance(self.output, str):
             bad("prompt/output", "must be text")
         if not isinstance(self.models, list) or not all(isinstance(m, str) for m in self.models) or not self.models:
             bad("models", "must be a list of model names")
         if not isinstance(self.settings, dict):
             bad("settings", "must be an object")
+        if isinstance(self.version, bool) or not isinstance(self.version, int):
+            bad("version", f"is {self.version!r}, not a version number")
         for i, ch in enumerate(self.changes if isinstance(self.changes, list) else [None]):
             if not isinstance(ch, dict) or not isinstance(ch.get("from_round"), int) or isinstance(
                     ch.get("from_round"), bool) or ch["from_round"] < 0 or not isinstance(ch.get("settings"), dict):
                 bad(f"changes[{i}]", "must be {from_round: round index, settings: {...}}")
+        for where, settings in [("settings", self.settings)] + [(f"changes[{i}].settings", ch["settings"])
+                                                                for i, ch in enumerate(self.changes)]:
+            w = settings.get("weights")
+            if w is not None and (not isinstance(w, (list, tuple)) or len(w) not in (0, len(self.models))
+                                  or not all(num(x) and x >= 0 for x in w)):
+                bad(f"{where}.weights", f"is {w!r}: give one non-negative number per model ({len(self.models)}) "
+                    "or none")
         for i, r in enumerate(self.rounds):
             at = f"rounds[{i}]"
             n = len(r.candidates) if isinstance(r.candidates, list) else 0
@@ -199,12 +260,15 @@ class Trace:
                 v = getattr(r, name)
                 if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
                     bad(f"{at}.{name}", f"is {v!r}, not a candidate index (0..{n - 1})")
+            if not isinstance(r.overridden, bool):
+                bad(f"{at}.overridden", "must be true or false")
             if not isinstance(r.text, str) or isinstance(r.words, bool) or not isinstance(r.words, int):
                 bad(f"{at}.text/words", "must be text and a whole number")  # (version 1 traces hold -1 after a cut)
             if not num(r.seconds):
                 bad(f"{at}.seconds", "must be a number")
-            if not isinstance(r.weights, dict) or not all(m in self.models and num(v) for m, v in r.weights.items()):
-                bad(f"{at}.weights", "must map the trace's models to numbers")
+            if not isinstance(r.weights, dict) or not all(m in self.models and num(v) and v >= 0
+                                                          for m, v in r.weights.items()):
+                bad(f"{at}.weights", "must map the trace's models to non-negative numbers")
             if not isinstance(r.features, dict) or not all(
                     m in self.models and isinstance(v, list) and all(num(x) for x in v) for m, v in r.features.items()):
                 bad(f"{at}.features", "must map the trace's models to lists of numbers")
@@ -215,13 +279,15 @@ class Trace:
                     bad(f"{at}.steps[{j}].model", f"{st.model!r} is not one of the trace's models")
                 if not isinstance(st.margins, list) or not all(num(x) for x in st.margins):
                     bad(f"{at}.steps[{j}].margins", "must be a list of numbers")
+                if not all(-ROUNDING <= x <= 1 + ROUNDING for x in st.margins):
+                    bad(f"{at}.steps[{j}].margins", f"are {st.margins}: a margin Δ = p(top1) − p(top2) lies in 0..1")
                 if not isinstance(st.proposals, list) or not all(
                         isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n for x in st.proposals):
                     bad(f"{at}.steps[{j}].proposals", f"must be candidate indices (0..{n - 1})")
                 for f in ("forward_passes", "tokens_fed", "seconds", "draft_tokens", "accepted_tokens", "verify_passes",
                           "scores_from_drafts"):
-                    if not num(getattr(st, f)):
-                        bad(f"{at}.steps[{j}].{f}", "must be a number")
+                    if not num(getattr(st, f)) or getattr(st, f) < 0:
+                        bad(f"{at}.steps[{j}].{f}", "must be a number, never negative")
                 sel = st.selection
                 toks = sel.get("tokens", []) if isinstance(sel, dict) else None
                 if not isinstance(toks, list) or not all(
@@ -236,20 +302,76 @@ class Trace:
                         "numbers and a picked flag")
             for j, c in enumerate(r.candidates):
                 where = f"{at}.candidates[{j}]"
-                if not all(num(v, none=True) for f in ("n_tokens", "end_term") if isinstance(getattr(c, f), dict)
-                           for v in getattr(c, f).values()):
-                    bad(f"{where}.n_tokens/end_term", "must hold finite numbers (or null)")
                 if not isinstance(c.text, str) or not isinstance(c.eos, bool):
                     bad(where, "needs text and an eos flag")
                 if not isinstance(c.proposers, list) or not num(c.fused, none=True):
                     bad(where, "needs a proposer list and a fused score (or null)")
+                if isinstance(c.words, bool) or not isinstance(c.words, int) or c.words < 0:
+                    bad(f"{where}.words", f"is {c.words!r}, not a count of words")
                 for f in ("nll", "n_tokens", "straddle", "notes", "end_term"):
                     if not isinstance(getattr(c, f), dict):
                         bad(f"{where}.{f}", "must be an object keyed by model")
-                if not all(num(v, none=True) for v in c.nll.values()):
-                    bad(f"{where}.nll", "must hold finite numbers (or null)")
+                if not all(m in self.models and num(v, none=True) for m, v in c.nll.items()):
+                    bad(f"{where}.nll", "must map the trace's models to finite numbers (or null)")
+                if not all(num(v, none=True) for v in c.end_term.values()):
+                    bad(f"{where}.end_term", "must hold finite numbers (or null)")
+                if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in c.n_tokens.values()) \
+                        or any(v is not None and m not in c.n_tokens for m, v in c.nll.items()):
+                    bad(f"{where}.n_tokens", "must give each scoring model's count of tokens (a whole number)")
         if self.version >= 2 and "".join(r.text for r in self.rounds if isinstance(r.text, str)) != self.output:
             bad("output", "is not the rounds' texts joined (every round appends its text to the output)")
+        self._check_numbers(bad)
+
+    def _check_numbers(self, bad) -> None:
+        """The numbers add up: every NLL and end term is one a model can give, every fused score is what the decoder
+        computes from its candidate's NLLs under the round's weights and normalization (`fused_score`; token union:
+        the log of the models' mean probability), the winner has the lowest fused score, and a chosen candidate
+        other than the winner is recorded as an override."""
+        stops = self.settings.get("stop")
+        # each stop string's path joins the end term (scoring.py) and may overlap a pooled end token, so a log p of
+        # the end reaches log(1 + stop strings) at most; an NLL (−mean log p) dips at most that far below 0
+        top = math.log(1 + (len(stops) if isinstance(stops, (list, tuple)) else 0))
+        shown = f"{top:.2f}" if top else "0"
+        top += ROUNDING
+        for i, r in enumerate(self.rounds):
+            at = f"rounds[{i}]"
+            weights, normalize = self.round_weights(i), self.settings_at(i).get("normalize") or "token"
+            union = any(st.mode == StepMode.TOKEN for st in r.steps)
+            for j, c in enumerate(r.candidates):
+                where = f"{at}.candidates[{j}]"
+                for m, v in c.nll.items():
+                    if v is not None and not -top <= v <= NLL_MAX:
+                        bad(f"{where}.nll[{m!r}]", f"is {v!r}: an NLL (−mean log p per token) lies between "
+                            f"{'−' * (shown != '0')}{shown} and {NLL_MAX:g}")
+                for m, v in c.end_term.items():
+                    if v is not None and not -NLL_MAX <= v <= top:
+                        bad(f"{where}.end_term[{m!r}]", f"is {v!r}: a log-probability of the end lies between "
+                            f"−{NLL_MAX:g} and {shown}")
+                if union:  # each NLL is −log max(p, floor), the fused score −log max(mean p, floor)
+                    probs = [math.exp(-v) for v in c.nll.values() if v is not None]
+                    mean = sum(probs) / len(probs) if probs else None
+                    ok = mean is None if c.fused is None else mean is not None and c.fused >= -top and \
+                        abs(math.exp(-c.fused) - mean) <= 2 * PROB_FLOOR + 1e-9 * mean
+                    how, expected = "−log of its models' mean probability", \
+                        None if mean is None else -math.log(max(mean, PROB_FLOOR))
+                else:
+                    expected = fused_score(c, weights, normalize)
+                    ok = expected is None if c.fused is None else expected is not None and _close(c.fused, expected)
+                    listed = ", ".join(f"{m}={w:g}" for m, w in weights.items()) or "equal"
+                    per = "token" if normalize == "token" else "word"
+                    how = f"the weighted mean of its NLLs (weights {listed}; per {per})"
+                if not ok:
+                    bad(f"{where}.fused", f"is {c.fused!r}, but {how} is {expected!r}")
+            best = r.candidates[r.winner].fused
+            lower = [k for k, c in enumerate(r.candidates) if c.fused is not None
+                     and (best is None or c.fused < best and not _close(c.fused, best))]
+            if lower:
+                k = lower[0]
+                bad(f"{at}.winner", f"is candidate {r.winner} (fused {best!r}), but candidate {k} scores lower "
+                    f"({r.candidates[k].fused!r}): the winner is the lowest fused score")
+            if r.overridden != (r.chosen != r.winner):
+                bad(f"{at}.chosen", f"is candidate {r.chosen} and the winner {r.winner}, but overridden is "
+                    f"{r.overridden}: a round commits its winner unless a pick of another candidate is recorded")
 
     def to_json(self) -> str:
         """Strict JSON (no NaN or Infinity: browsers' JSON.parse rejects them; unscored values are null)."""
@@ -273,6 +395,16 @@ class Trace:
             raise TraceError(f"{Path(path).name} is JSON but not an AdaFuse trace (no 'rounds'/'models'); "
                              "pick a file exported by AdaFuse")
         return cls.from_dict(data)
+
+
+def _num(v, none: bool = False) -> bool:
+    """A finite number (not a bool), or None when `none`."""
+    return (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+
+
+def _close(a: float, b: float) -> bool:
+    """Equal up to float rounding (a score recomputed in another order, or written by another program)."""
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
 
 
 def _not_json(constant: str):

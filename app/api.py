@@ -1,11 +1,14 @@
 """Named API endpoints for scripts (`gradio_client`): `register()` adds /decode and /models to the app's Blocks."""
+import time
+
 import gradio as gr
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, AdaFuse, DecodeConfig
 from adafuse.methods import MAX_MODELS
 from adafuse.errors import AdafuseError, ConfigError, PromptError
+from adafuse.stops import parse_stops
 
-from .controller import MODELS, parse_stops
+from .controller import DECODE_QUEUE, MODELS, SLOTS
 from .gpu import gpu
 
 
@@ -43,7 +46,13 @@ def decode(prompt: str, models: list[str] | str = ",".join(DEFAULT_PAIR), tau: f
         cfg = DecodeConfig(tau=tau, max_words=max_words, branches=branches, max_new_words=max_new_words, mode=mode,
                            stop=_stops(stop), system=system, thinking=thinking)
         lms = [MODELS.get(n) for n in _model_names(models)]
-        trace = AdaFuse(lms, cfg).generate(prompt)
+        ticket = SLOTS.ticket()  # in line with the page's decodes
+        try:
+            while not SLOTS.try_take(ticket):
+                time.sleep(0.5)
+            trace = AdaFuse(lms, cfg).generate(prompt)
+        finally:
+            SLOTS.release(ticket)
     except AdafuseError as exc:  # the client sees the message (gradio_client raises AppError with it); the server
         # log stays free of tracebacks for a caller's mistake
         raise gr.Error(str(exc), title=type(exc).__name__, print_exception=False) from exc
@@ -60,5 +69,5 @@ def list_models() -> dict:
 def register() -> None:
     """Add /decode and /models to the Blocks being built (call inside `with gr.Blocks():`); decodes share the app's
     "decode" concurrency group."""
-    gr.api(decode, api_name="decode", concurrency_id="decode")
+    gr.api(decode, api_name="decode", concurrency_id="decode", concurrency_limit=DECODE_QUEUE)
     gr.api(list_models, api_name="models", queue=False)

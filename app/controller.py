@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from adafuse.harness.evaluate import parse_methods
 from adafuse.methods import METHODS, method_specs
 from adafuse.models import ModelRegistry, is_served_spec, parse_spec
 
+from . import analysis
+from .slots import Slots
+
 # The method registry's runs as the Evaluate tab offers them, and the ensembles the page can decode side by side
 # with the main one (label -> settings: every method but AdaFuse itself and one model alone, shown anyway).
 EVAL_METHODS = tuple(method_specs())
@@ -28,16 +32,15 @@ COMPARE_METHODS = {METHODS[run.settings["method"]].label.format(n=run.settings.g
 
 # The app's models: every visitor's decodes share them (each loaded once; the least recently used unloaded for room)
 MODELS = ModelRegistry()
+# Decodes at once on this server (ADAFUSE_DECODE_SLOTS, default 2: one model already uses both cores of a small CPU
+# box); more visitors wait in line for a slot with a measured estimate, up to DECODE_QUEUE handlers in Gradio's queue
+SLOTS = Slots(max(1, int(os.environ.get("ADAFUSE_DECODE_SLOTS", "2"))))
+DECODE_QUEUE = 16
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
 def load_examples() -> list[dict]:
     return json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
-
-
-def parse_stops(text: str) -> tuple[str, ...]:
-    """One stop string per line; \\n and \\t written as escapes."""
-    return tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in (text or "").splitlines() if s.strip())
 
 
 def validate_models(names) -> list[str]:
@@ -70,8 +73,8 @@ def model_specs(names, device: str | None = None) -> list[str]:
     return out
 
 
-LOADED_COLUMNS = {"model": "model", "device": "device", "dtype": "dtype", "memory_mib": "memory (MiB)",
-                  "load_seconds": "load time (s)", "source": "source", "notes": "notes"}
+# short headers: the table sits in the settings column (a model's source and how it loaded: the Load button says)
+LOADED_COLUMNS = {"model": "model", "device": "device", "dtype": "dtype", "memory_mib": "MiB", "load_seconds": "load s"}
 
 
 def loaded_frame(models=None):
@@ -110,6 +113,9 @@ class Explorer:
     branches: dict[str, tuple[int, int, Trace]] = field(default_factory=dict)  # label -> (round, candidate, trace)
     key: tuple | None = None           # (models, config, prompt) of the decode in progress
     eval_rows: list[dict] = field(default_factory=list)     # the last evaluation batch
+    opened: str | None = None          # the trace on view came from a file or an evaluation (its label), not a decode
+    panel: str = ""                    # HTML about the opened evaluation example (its question, answers, divergences)
+    live_config: DecodeConfig | None = None  # settings moved during a Run: the run applies them from its next round
     export_dir: str | None = None
     running: bool = False              # a Run is in flight (Step is refused, Cancel asks it to stop)
     cancel_requested: bool = False     # Cancel pressed: the run stops after the round (or single decode) under way
@@ -139,6 +145,9 @@ class Explorer:
         names = model_specs(names, device)
         key = (tuple(names), cfg, prompt)
         d = self.decoding
+        if self.opened and self.trace is not None and key != self.confirm_key:
+            self.confirm_key = key
+            return "replace", self.opened
         if d is None or d.done or not d.trace.rounds and d.pending is None or key == self.confirm_key:
             return "new", ""
         old_names, old_cfg, old_prompt = self.key
@@ -154,21 +163,26 @@ class Explorer:
         return "continue", ", ".join(live)
 
     def request_cancel(self) -> bool:
-        """Cancel: a running Run stops after the round under way (True: it renders the end itself); a decode in
-        step mode ends now."""
-        if self.running:  # the run's own thread ends its decode between rounds: never under a phase in progress
+        """Cancel: a running Run stops after the round under way (True: it renders the end itself). The decode is
+        kept as it is, unfinished: Step or Run continues from its words (Reset or a new prompt starts over)."""
+        if self.running:  # the run's own thread stops between rounds: never under a phase in progress
             self.cancel_requested = True
             return True
-        if self.decoding is not None:
-            self.decoding.cancel()
         return False
 
     def load(self, names, device: str | None = None) -> str:
-        lines = []
-        for n in model_specs(names, device):
+        return "\n".join(f"✓ {lm.describe()}" for *_, lm, _ in self.load_each(names, device) if lm is not None)
+
+    def load_each(self, names, device: str | None = None):
+        """Load the models one by one, for a cold start that shows which model it is on: yields (position from 1,
+        count, spec, None, 0.0) before each model and (…, the model, seconds it took) after it (a model already
+        loaded comes back at once)."""
+        specs = model_specs(names, device)
+        for i, n in enumerate(specs, 1):
+            yield i, len(specs), n, None, 0.0
+            t0 = time.perf_counter()
             lm = self._get(n)
-            lines.append(f"✓ {lm.describe()}")
-        return "\n".join(lines)
+            yield i, len(specs), n, lm, time.perf_counter() - t0
 
     def begin(self, names, cfg: DecodeConfig, prompt: str, resume: bool, device: str | None = None) -> Decoding:
         """Continue the decode in progress when only live settings changed (they apply from its next round), else
@@ -187,8 +201,19 @@ class Explorer:
         models = [self._get(n) for n in names]
         self.decoding = AdaFuse(models, cfg).start(prompt)
         self.trace, self.singles, self.others, self.key, self.confirm_key = self.decoding.trace, {}, {}, key, None
-        self.branches = {}
+        self.branches, self.opened, self.live_config, self.panel = {}, None, None, ""
         return self.decoding
+
+    def apply_live(self, d: Decoding) -> str:
+        """Between two rounds of a Run: apply the settings moved meanwhile (`live_config`) from the next round;
+        what changed, in words ("" when nothing did)."""
+        cfg, self.live_config = self.live_config, None
+        if cfg is None or d.done:
+            return ""
+        old = (d._next_config or d.config).to_dict()
+        changed = d.reconfigure(cfg)
+        self.key = (self.key[0], cfg, self.key[2])
+        return ", ".join(f"{_SETTING_NAMES.get(k, k)} {old[k]} → {v}" for k, v in changed.items())
 
     def _finish(self, d: Decoding) -> Trace | None:
         """Run `d` to its end unless Cancel is pressed (then None)."""
@@ -258,7 +283,7 @@ class Explorer:
     def load_trace(self, path: str) -> Trace:
         trace = Trace.load(path)
         self.decoding, self.trace, self.singles, self.others, self.key = None, trace, {}, {}, None
-        self.branches = {}
+        self.branches, self.opened, self.panel = {}, f"the loaded trace ({Path(path).name})", ""
         return trace
 
     def evaluate(self, task_name: str, limit: int, methods, names, base: dict, device: str | None = None) -> list[dict]:
@@ -276,21 +301,31 @@ class Explorer:
         self.eval_rows = load_results(out)
         return self.eval_rows
 
-    def open_example(self, line: int, method: str) -> Trace:
-        row = next((r for r in self.eval_rows if r["line"] == line and r["method"] == method), None)
-        if row is None:
-            raise ConfigError(f"no result for example {line} / {method}: run an evaluation first")
-        self.decoding, self.trace, self.singles, self.others, self.key = None, Trace.from_dict(row["trace"]), {}, {}, None
-        self.branches = {}
-        return self.trace
+    def open_example(self, line: int, method: str) -> dict[str, dict]:
+        """Put an evaluated example on view: `method`'s trace, each single model's own decode beside it and the
+        other methods' answers; returns its rows ({method: row})."""
+        methods = analysis.example_rows(self.eval_rows, line)
+        trace, singles, others = analysis.split(methods, method)
+        self.decoding, self.trace, self.singles, self.others, self.key = None, trace, singles, others, None
+        self.branches, self.opened = {}, f"example {line} / {method} of the evaluation"
+        return methods
+
+    def export_examples(self, rows: list[dict] | None = None) -> str | None:
+        """The evaluation's per-example table as CSV, where the download button serves it from."""
+        if not (rows or self.eval_rows):
+            return None
+        return str(analysis.write_csv(rows or self.eval_rows, Path(self._export_dir()) / "adafuse-examples.csv"))
+
+    def _export_dir(self) -> str:
+        if self.export_dir is None:
+            self.export_dir = tempfile.mkdtemp(prefix="adafuse-")
+        return self.export_dir
 
     def export(self) -> str | None:
         """Write the current trace where the download button serves it from (one folder per session)."""
         if self.trace is None:
             return None
-        if self.export_dir is None:
-            self.export_dir = tempfile.mkdtemp(prefix="adafuse-")
-        out = Path(self.export_dir) / "adafuse-trace.json"
+        out = Path(self._export_dir()) / "adafuse-trace.json"
         self.trace.save(out)
         return str(out)
 
@@ -321,38 +356,6 @@ def stop_note(trace: Trace) -> str:
     if raw and trace.settings.get("mode") == "chat":
         note += f" · {', '.join(raw)} {'has' if len(raw) == 1 else 'have'} no chat template: read the prompt raw"
     return note
-
-
-def _correct(row: dict) -> bool:
-    from adafuse.harness.tasks import TASKS
-    task = TASKS[row["task"]]
-    value = row["scores"].get(task.main_metric, 0.0)
-    return value >= (50.0 if task.metric == "translation" else 0.5)
-
-
-def disagreements(rows: list[dict]) -> list[dict]:
-    """Examples where the ensemble and a single model disagree on correctness, both ways."""
-    by_line: dict[int, dict[str, dict]] = {}
-    for r in rows:
-        by_line.setdefault(r["line"], {})[r["method"]] = r
-    out = []
-    for line, methods in sorted(by_line.items()):
-        ens = methods.get("adafuse")
-        singles = {m: r for m, r in methods.items() if m.startswith("greedy:")}
-        if ens is None or not singles:
-            continue
-        right = [m for m, r in singles.items() if _correct(r)]
-        wrong = [m for m, r in singles.items() if not _correct(r)]
-        if not _correct(ens) and right:
-            kind = "ensemble wrong, a single model right"
-        elif _correct(ens) and wrong:
-            kind = "ensemble right, a single model wrong"
-        else:
-            continue
-        out.append({"line": line, "kind": kind, "question": ens["question"][-120:],
-                    "adafuse": ens["prediction"], **{m: r["prediction"] for m, r in singles.items()},
-                    "gold": ens["gold"] if isinstance(ens["gold"], str) else " | ".join(ens["gold"][:3])})
-    return out
 
 
 def friendly(exc: BaseException) -> str:

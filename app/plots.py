@@ -33,7 +33,8 @@ def cost_frame(trace: Trace | None, singles: dict[str, Trace] | None = None) -> 
     rows = [{"run": "ensemble", **row} for row in cost_rows(trace)]
     for name, t in (singles or {}).items():
         rows += [{"run": "alone", **row} for row in cost_rows(t)]
-    return pd.DataFrame(rows)
+    # a model's own busy time (side by side, the models' seconds overlap): the run's one duration is its wall clock
+    return pd.DataFrame(rows).rename(columns={"seconds": "busy seconds"})
 
 
 KIND_MARKS = {"commit": "solid", "explore": "dotted", "override": "double"}  # told apart without colour too
@@ -87,17 +88,40 @@ def empty_answer_note(trace: Trace) -> str:
     return out + ". The Pool tab shows the round.)"
 
 
-def fused_html(trace: Trace | None, pending: Round | None = None) -> str:
+def why_won(trace: Trace, r: Round) -> str:
+    """Why a round's text won, for its hover tip: the runner-up and the score gap (each model's NLL of both), or why
+    there was nothing to compare."""
+    c = r.candidates[r.chosen]
+    if r.overridden:
+        w = r.candidates[r.winner]
+        return f"your pick; the scores preferred “{candidate_label(w.text, w.eos)}”"
+    if len(trace.models) == 1:
+        return f"{trace.models[0]}'s own next word (one model, greedy)"
+    scored = sorted((x for i, x in enumerate(r.candidates) if i != r.chosen and x.fused is not None),
+                    key=lambda x: x.fused)
+    if len(r.candidates) == 1:
+        return "the only candidate: " + ("every model was confident (Δ ≥ τΔ)" if r.kind == "commit"
+                                          else "no other span was proposed")
+    if c.fused is None or not scored:
+        return f"{len(r.candidates)} candidates, chosen without a fused score ({trace.settings.get('method')})"
+    ru = scored[0]
+    per = ", ".join(f"{m} {c.nll[m]:.2f} vs {ru.nll[m]:.2f}" for m in trace.models
+                    if c.nll.get(m) is not None and ru.nll.get(m) is not None)
+    return (f"beat runner-up “{candidate_label(ru.text, ru.eos)}” by {ru.fused - c.fused:.3f} fused NLL "
+            f"({c.fused:.3f} vs {ru.fused:.3f}; NLL {per})")
+
+
+def fused_html(trace: Trace | None, pending: Round | None = None, paused: bool = False) -> str:
     """The fused output, each round's span coloured and underlined by its kind; hover or focus (Tab) shows its
-    round, margins and score. The legend lists only the kinds present."""
+    round, margins, the runner-up and why it won. The legend lists only the kinds present. `paused`: the decode
+    stopped unfinished (Cancel) and Step or Run continues it."""
     if not trace:
         return ('<div class="af-out af-empty">No output yet: type a prompt or pick an example, then ▶ Run '
                 '(Ctrl+Enter) or Step › (Ctrl+Shift+Enter).</div>')
+    alone = len(trace.models) == 1
     parts, kinds, tips = [], [], {}
     for r in trace.rounds:
-        c = r.candidates[r.chosen]
-        tip = (f"round {r.index} · {KIND_NAMES[r.kind]} · {len(r.candidates)} candidate(s)"
-               + (f" · fused NLL {c.fused:.3f}" if c.fused is not None else "")
+        tip = (f"round {r.index} · {'written alone' if alone else KIND_NAMES[r.kind]} · {why_won(trace, r)}"
                + " · Δ " + ", ".join(f"{s.model}={s.margins[0]:.2f}" for s in r.steps if s.margins))
         if r.text:
             parts.append(_span(r.text, r.kind, tip, f"af-tip-{r.index}"))
@@ -107,33 +131,40 @@ def fused_html(trace: Trace | None, pending: Round | None = None) -> str:
         c = pending.candidates[pending.winner]
         tips["af-tip-pending"] = f"round {pending.index} · pending: Step accepts it"
         parts.append(_span(c.text, None, tips["af-tip-pending"], "af-tip-pending"))
+    names = {**KIND_NAMES, "commit": f"written by {trace.models[0]} alone"} if alone else KIND_NAMES
     legend = " ".join(f'<span class="af-key" style="background:{KIND_COLORS[k]};text-decoration:underline '
-                      f'{KIND_MARKS[k]} #374151">{KIND_NAMES[k]}</span>' for k in KIND_COLORS if k in kinds)
+                      f'{KIND_MARKS[k]} #374151">{names[k]}</span>' for k in KIND_COLORS if k in kinds)
     stop = f" · stopped: {trace.stop_reason}" if trace.stop_reason else ""
+    if paused and not trace.stop_reason:
+        stop = " · paused: Step › or ▶ Run continues from here"
     raw = [m for m, mode in trace.prompt_modes.items() if mode.startswith("raw (")]
     if raw and trace.settings.get("mode") == "chat":
         stop += f" · read raw (no chat template): {', '.join(raw)}"
     text = "".join(parts) or f"<i>{html.escape(empty_answer_note(trace))}</i>"  # built only for an empty answer
     return (f'<div class="af-out">{text}</div>{_descriptions(tips)}'
             f'<div class="af-legend">{legend}{" · " if legend else ""}{len(trace.rounds)} rounds · '
-            f'{trace.words} words{stop} · Tab through the text for each round\'s details</div>')
+            f'{trace.words} words · {trace.seconds:.1f}s{stop} · Tab through the text for each round\'s details</div>')
 
 
-def _seconds(t: Trace) -> float:
-    return sum(t.cost(m)["seconds"] for m in t.models)
+def title(trace: Trace) -> str:
+    """A trace's heading: the method and how many models it fused, or the one model that wrote it alone."""
+    method = trace.settings.get("method", "adafuse")
+    if len(trace.models) == 1:
+        return f"{trace.models[0]} alone ({method})"
+    label = METHODS[method].label.format(n=trace.settings.get("span_words")) if method in METHODS else method
+    return f"{label} (fused)"
 
 
 def compare_html(trace: Trace | None, singles: dict[str, Trace] | None, others: dict[str, Trace] | None = None) -> str:
-    """Fused output next to each base model's own greedy output and any other methods decoded."""
+    """Fused output next to each base model's own greedy output and any other methods decoded; each with its one
+    duration, the decode's wall clock."""
     cols = []
     if trace:
-        method = trace.settings.get("method", "adafuse")
-        cols.append((f"{'AdaFuse' if method == 'adafuse' else method} (fused)", trace.output,
-                     f"{trace.words} words · {_seconds(trace):.1f}s"))
+        cols.append((title(trace), trace.output, f"{trace.words} words · {trace.seconds:.1f}s"))
     for name, t in (others or {}).items():
-        cols.append((name, t.output, f"{t.words} words · {_seconds(t):.1f}s"))
+        cols.append((name, t.output, f"{t.words} words · {t.seconds:.1f}s"))
     for name, t in (singles or {}).items():
-        cols.append((f"{name} alone", t.output, f"{t.words} words · {_seconds(t):.1f}s"))
+        cols.append((f"{name} alone", t.output, f"{t.words} words · {t.seconds:.1f}s"))
     if not cols:
         return '<div class="af-empty">Single-model outputs appear here after a Run.</div>'
     cells = "".join(f'<div class="af-col"><b>{html.escape(h)}</b><div class="af-meta">{html.escape(m)}</div>'

@@ -1,23 +1,29 @@
 """AdaFuse Explorer layout and event wiring (layout first, wiring at the bottom)."""
 from __future__ import annotations
 
+import functools
 import html
+import time
 
 import gradio as gr
 import pandas as pd
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
-from adafuse.methods import MAX_MODELS
+from adafuse.decoder import LIVE_SETTINGS
+from adafuse.divergence import divergence
 from adafuse.errors import AdafuseError, ConfigError
-from .explain_html import token_view_html, tree_html
 from adafuse.gate import load_gate
 from adafuse.harness.tasks import TASKS, data_source
+from adafuse.methods import MAX_MODELS
 from adafuse.report import candidate_label
+from adafuse.stops import format_stops, parse_stops, propose_stops
 
-from . import api, plots
+from . import analysis, api, plots
+from .controller import (ASSETS, COMPARE_METHODS, DECODE_QUEUE, EVAL_METHODS, SLOTS, Explorer, device_choices, friendly,
+                         load_examples, loaded_frame, remote_code_allowed, stop_note, unload)
+from .divergence_view import divergence_figure, divergence_html
+from .explain_html import token_view_html, tree_html
 from .gpu import gpu
-from .controller import (ASSETS, COMPARE_METHODS, EVAL_METHODS, Explorer, device_choices, disagreements, friendly,
-                         load_examples, loaded_frame, parse_stops, remote_code_allowed, stop_note, unload)
 
 GATES = ASSETS / "gates"
 
@@ -60,7 +66,27 @@ CSS = """
 #af-tree button.af-node.af-branch-point {box-shadow: inset 4px 0 0 #7c3aed}
 #af-tree .af-label {font-weight: 600}
 #af-tokens table {margin: 4px 0 10px}
+/* a visible keyboard focus on every control (sliders, checkboxes, radios, tabs, tables, buttons) */
+.gradio-container :is(button, input, textarea, select, [role=tab], [role=slider], [tabindex]):focus-visible,
+.gradio-container label:focus-within:has(input[type=checkbox], input[type=radio]) {
+  outline: 3px solid #1d4ed8 !important; outline-offset: 2px !important; box-shadow: 0 0 0 5px #bfdbfe !important}
+.gradio-container input[type=range]:focus-visible {outline: 3px solid #1d4ed8 !important; outline-offset: 4px}
+/* tables: headers wrap between words only, wide tables scroll sideways instead of cutting columns off */
+.gradio-container table th, .gradio-container table th * {word-break: normal !important; overflow-wrap: normal !important;
+  hyphens: none !important}
+.gradio-container .table-wrap, .gradio-container .table-container {overflow-x: auto !important; max-width: 100%}
+.af-example {border: 1px solid #c7d2fe; border-radius: 10px; padding: 8px 12px; background: #f8faff; color: #111827}
+.af-example details p {max-height: 12em; overflow-y: auto; white-space: normal}
+.af-notes {margin: 8px 0 0; padding-left: 1.2em}
+.af-divergence {border-left: 4px solid #7c3aed; padding: 4px 10px; margin: 6px 0; background: #faf5ff}
 """
+
+# Scroll the page to the status line and the answer under it when a decode starts (at 1280×800 they sit below
+# the prompt and the examples)
+TO_ANSWER = """() => { const el = document.getElementById('af-status');
+  if (el) el.scrollIntoView({behavior: 'smooth', block: 'start'}); }"""
+TO_VIEWS = """() => { const el = document.getElementById('af-example');
+  if (el) el.scrollIntoView({behavior: 'smooth', block: 'start'}); }"""
 
 # Keyboard shortcuts: Ctrl+Enter runs, Ctrl+Shift+Enter steps (also from inside the prompt box).
 SHORTCUTS = """() => {
@@ -93,7 +119,8 @@ INTRO = """# AdaFuse Explorer
 Several language models write **one answer together, word by word**. At each word start every model checks its
 confidence margin Δ (top-1 minus top-2 probability): confident models **commit** up to M words, unsure ones
 **explore** B distinct candidates; all candidates are scored by every model (length-normalized NLL) and the lowest
-average wins. Hover a span (or Tab to it) to see its round. **Ctrl+Enter** runs, **Ctrl+Shift+Enter** steps."""
+average wins. Hover a span (or Tab to it): its round, the runner-up and why it won. **Ctrl+Enter** runs,
+**Ctrl+Shift+Enter** steps."""
 
 
 THINKING = {"template default": None, "on": True, "off": False}
@@ -115,7 +142,7 @@ def gate_choices() -> list[tuple[str, str]]:
 
 # the evaluation tables' headers before a run (Gradio shows "1 2 3" for a table without columns)
 EVAL_SUMMARY_COLUMNS = ["task", "method", "n", "score", "sec/example"]
-DISAGREE_COLUMNS = ["line", "kind", "question", "adafuse", "gold"]
+EXAMPLE_COLUMNS = ["line", "labels", "gold", "question"]
 
 NORMALIZE = {"per token (paper)": "token", "per word": "word"}
 
@@ -193,9 +220,9 @@ def render(ex: Explorer, status: str = "", selected: int | None = None, export: 
     if selected is None or selected >= n:  # the latest round that had a real choice to make
         selected = next((r.index for r in reversed(t.rounds) if len(r.candidates) > 1), n - 1) if t else -1
     choices = _choices(pending)
-    live = ex.running or (ex.decoding is not None and not ex.decoding.done)
+    paused = not ex.running and ex.decoding is not None and not ex.decoding.done and pending is None
     return (
-        plots.fused_html(t, pending),
+        plots.fused_html(t, pending, paused),
         plots.compare_html(t, ex.singles, ex.others),
         plots.margins_figure(t),
         plots.pool_figure(t, selected, pending),
@@ -209,9 +236,10 @@ def render(ex: Explorer, status: str = "", selected: int | None = None, export: 
         status,
         gr.update(value=ex.export(), interactive=t is not None) if export else gr.update(),
         *loaded_views(loaded),
-        gr.update(interactive=live),
+        gr.update(interactive=ex.running),  # Cancel: only a Run (or branch) in flight has anything to stop
         tree_html(t, ex.branches),
         plots.selection_frame(t, selected),
+        ex.panel,
     )
 
 
@@ -232,8 +260,11 @@ def _error(ex: Explorer, exc: BaseException):
     return render(ex, f"⚠️ **Error:** {html.escape(msg)}", loaded=True)
 
 
-def _confirm(ex: Explorer, what: str, button: str) -> str:
+def _confirm(ex: Explorer, kind: str, what: str, button: str) -> str:
     n = len(ex.trace.rounds) if ex.trace else 0
+    if kind == "replace":  # an opened or loaded trace is not a decode in progress: it can only be replaced
+        return (f"⚠️ The views show {html.escape(what)} ({n} rounds). Press **{button}** again to decode the prompt "
+                f"box anew with the settings on the page (this trace leaves the views), or Download it first.")
     return (f"⚠️ You changed {html.escape(what)} since this decode began ({n} round(s) so far). Press **{button}** "
             f"again to drop them and start a new decode, or change it back to go on where you are.")
 
@@ -242,6 +273,42 @@ def _example_note(prompt_text, mode, stop, max_words) -> str:
     stops = ", ".join(repr(x) for x in parse_stops(stop)) or "none"
     return (f"Example loaded: prompt mode **{mode}**, stop strings {html.escape(stops)}, **Max new words set to "
             f"{int(max_words)}** (settings panel). Press ▶ Run or Step ›.")
+
+
+def count(n: int, noun: str) -> str:
+    """"1 word", "3 words"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def in_slot(fn):
+    """A decode handler (generator) that first waits for one of the server's decoding slots (`SLOTS`), telling the
+    visitor their place in line and a measured estimate; the slot is given back however the handler ends."""
+    @functools.wraps(fn)
+    def run(ex, *args):
+        ex = ex or Explorer()
+        ticket = SLOTS.ticket()
+        try:
+            while not SLOTS.try_take(ticket):
+                yield (ex, *only_status(SLOTS.note(ticket)))
+                time.sleep(1)
+            yield from fn(ex, *args)
+        finally:
+            SLOTS.release(ticket)
+    return run
+
+
+def in_slot_blocking(fn):
+    """`in_slot` for a handler that returns once (Step): it waits for its slot without a status of its own."""
+    @functools.wraps(fn)
+    def run(*args):
+        ticket = SLOTS.ticket()
+        try:
+            while not SLOTS.try_take(ticket):
+                time.sleep(0.5)
+            return fn(*args)
+        finally:
+            SLOTS.release(ticket)
+    return run
 
 
 def build_demo() -> gr.Blocks:
@@ -271,7 +338,10 @@ def build_demo() -> gr.Blocks:
         max_new_tokens = gr.Slider(16, 2048, value=1024, step=16, elem_id="af-max-tokens", render=False,
                                    label="Max new tokens (each model's tokenizer; the larger count binds)")
         mode = gr.Radio(["raw", "chat"], value="raw", label="Prompt mode", render=False)
-        stop = gr.Textbox(value="", lines=2, label="Stop strings (one per line, \\n for newline)", render=False)
+        stop = gr.Textbox(value="", lines=2, label="Stop strings (one per line, \\n for newline)", render=False,
+                          elem_id="af-stop", info="Raw mode: proposed from the prompt as you type it (\\n after "
+                          "\"Answer:\", the next example's label such as \\nQuestion: when answers span lines) — "
+                          "edit or clear them. Escapes: \\n \\t \\r \\\\.")
         system = gr.Textbox(value="", lines=2, label="System prompt (chat mode)", render=False, elem_id="af-system",
                             info="Put first as a system message where the chat template has that role, else at the "
                                  "start of the user message; raw mode ignores it (the trace says so).")
@@ -288,14 +358,15 @@ def build_demo() -> gr.Blocks:
                     cancel_btn = gr.Button("■ Cancel", variant="stop", elem_id="af-cancel", interactive=False)
                     reset_btn = gr.Button("↺ Reset", elem_id="af-reset")
                 status = gr.Markdown("", elem_id="af-status")
+                example_view = gr.HTML("", elem_id="af-example")  # an opened evaluation example: all about it
                 gr.Examples(examples=[[e["prompt"], e["mode"], e["stop"], e["max_words"]] for e in examples],
                             inputs=[prompt, mode, stop, max_new_words], outputs=[status], fn=_example_note,
-                            run_on_click=True, cache_examples=False,
+                            run_on_click=True, cache_examples=False, api_visibility="private",
                             example_labels=[e["label"] for e in examples], label="Examples")
                 choice = gr.Dropdown(choices=[], label="Step mode: candidate to commit next (default: the winner)",
                                      interactive=False, elem_id="af-choice")
                 fused = gr.HTML(plots.fused_html(None), elem_id="af-fused")
-                with gr.Tabs():
+                with gr.Tabs(elem_id="af-views") as view_tabs:
                     with gr.Tab("Fused vs alone", id="compare"):
                         compare_view = gr.HTML(plots.compare_html(None, None), elem_id="af-compare")
                     with gr.Tab("Margins", id="margins"):
@@ -358,11 +429,13 @@ def build_demo() -> gr.Blocks:
                     weights = [gr.Slider(0, 5, value=1, step=0.25, label=f"Weight of {n}" if i < len(DEFAULT_PAIR)
                                          else "Weight", visible=i < len(DEFAULT_PAIR), elem_id=f"af-weight-{i}")
                                for i, n in enumerate(list(DEFAULT_PAIR) + [""] * (MAX_MODELS - len(DEFAULT_PAIR)))]
-                    normalize = gr.Radio(list(NORMALIZE), value=next(iter(NORMALIZE)), elem_id="af-normalize",
+                    normalize = gr.Radio(list(NORMALIZE), value="per word", elem_id="af-normalize",
                                          label="Each model's NLL of a candidate, averaged",
-                                         info="Per token (the paper) lets a long word with an unlikely first token "
-                                              "and a near-certain tail beat a likelier short word; per word counts "
-                                              "its whole NLL (the end of the answer is one word).")
+                                         info="Per word here by default: per token (the paper; the CLI's default) "
+                                              "lets a word with a near-certain tail beat a likelier one — on a bare "
+                                              "\"Question: Who wrote Hamlet?\\nAnswer:\" the pair then writes "
+                                              "\" 1. 2. 3. …\" (\" 1.\" 1.67 vs \" Shakespeare\" 3.21). Per word "
+                                              "counts a word's whole NLL (the end of the answer is one word).")
                     gate = gr.Dropdown(gate_choices(), value="", label="Learned gate (per-round weights)",
                                        info="Weights each round from what the models show (margin, entropy, "
                                             "confidence, own NLL, position); replaces the sliders. Trained for "
@@ -391,7 +464,7 @@ def build_demo() -> gr.Blocks:
                 gr.Markdown("Run a small batch of a benchmark task with several methods, then open any "
                             f"example's trace in the views above. Data: {data_source()}.")
                 with gr.Row():
-                    eval_task = gr.Dropdown(list(TASKS), value="triviaqa", label="Task")
+                    eval_task = gr.Dropdown(list(TASKS), value="triviaqa", label="Task", elem_id="af-eval-task")
                     eval_n = gr.Slider(1, 20, value=3, step=1, label="Examples")
                     eval_methods = gr.CheckboxGroup(list(EVAL_METHODS), value=["adafuse", "greedy"],
                                                     label="Methods")
@@ -399,12 +472,25 @@ def build_demo() -> gr.Blocks:
                 eval_status = gr.Markdown("", elem_id="af-eval-status")
                 eval_summary = gr.Dataframe(pd.DataFrame(columns=EVAL_SUMMARY_COLUMNS), label="Summary",
                                             elem_id="af-eval-summary", wrap=True)
-                eval_diff = gr.Dataframe(pd.DataFrame(columns=DISAGREE_COLUMNS), wrap=True, elem_id="af-eval-diff",
-                                         label="Where the ensemble and a single model disagree")
+                gr.Markdown("**Examples** — one row per example: every method's answer, its score under the "
+                            "task's metric, ✓/✗ (right: exact match for QA, the final number for GSM8K, chrF ≥ 50 "
+                            "for translation) and labels computed from those. Click a column header to sort, a row "
+                            "to pick it, then open it in the views above; the CSV has every field in full.")
                 with gr.Row():
-                    open_line = gr.Number(label="Example (line)", precision=0)
-                    open_method = gr.Dropdown([], label="Method", allow_custom_value=True)
-                    open_btn = gr.Button("Open in the explorer views")
+                    eval_filter = gr.Dropdown([analysis.ALL, *analysis.LABELS], value=analysis.ALL,
+                                              label="Show", elem_id="af-eval-filter", scale=2)
+                    eval_csv = gr.DownloadButton("⬇ Examples as CSV", value=None, interactive=False,
+                                                 elem_id="af-eval-csv", scale=1)
+                eval_table = gr.Dataframe(pd.DataFrame(columns=EXAMPLE_COLUMNS), wrap=True, elem_id="af-eval-table",
+                                          label="Examples", interactive=False, max_height=420)
+                with gr.Row():
+                    open_line = gr.Number(label="Example (line)", precision=0, elem_id="af-open-line")
+                    open_method = gr.Dropdown([], label="Method", allow_custom_value=True, elem_id="af-open-method")
+                    open_btn = gr.Button("Open in the explorer views", elem_id="af-open")
+                with gr.Accordion("Where and why the ensemble leaves each member (this run)", open=False):
+                    div_member = gr.Dropdown([], label="Member", elem_id="af-div-member")
+                    div_plot = gr.Plot(plots.empty_figure("Where the ensemble leaves a member"),
+                                       elem_id="af-div-plot")
             with gr.Tab("Export / load trace", id="io"):
                 download = gr.DownloadButton("⬇ Download trace (JSON)", value=None, interactive=False,
                                              elem_id="af-download")
@@ -412,7 +498,7 @@ def build_demo() -> gr.Blocks:
                                          file_types=[".json"], elem_id="af-upload")
 
         outputs = [fused, compare_view, margins_plot, pool_plot, wpr_plot, rounds_df, cost_df, cost_plot, round_sel,
-                   choice, status, download, loaded_df, unload_pick, cancel_btn, tree_view, picks_df]
+                   choice, status, download, loaded_df, unload_pick, cancel_btn, tree_view, picks_df, example_view]
         assert outputs[STATUS_AT] is status
         settings = [models, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens,
                     mode, stop, system, thinking, speculate, normalize, gate, *weights]
@@ -420,12 +506,17 @@ def build_demo() -> gr.Blocks:
 
         # ---- wiring ----
         @gpu
-        def on_load(names, dev, allow, progress=gr.Progress()):
+        def on_load(names, dev, allow):
+            done = []
             try:
-                progress(0, desc="loading models (the first load of a GGUF converts it: a minute or two)")
-                return Explorer(trust_remote_code=bool(allow)).load(names, dev)
+                for i, n, spec, lm, secs in Explorer(trust_remote_code=bool(allow)).load_each(names, dev):
+                    if lm is None:
+                        yield "\n\n".join(done + [f"… loading model {i} of {n}: {spec}"])
+                    else:
+                        done.append(f"✓ {lm.describe()} ({secs:.1f}s)")
+                yield "\n\n".join(done)
             except Exception as exc:  # noqa: BLE001 - shown to the user, app keeps serving
-                return f"⚠️ {friendly(exc)}"
+                yield "\n\n".join(done + [f"⚠️ {friendly(exc)}"])
 
         def on_unload(name):
             try:
@@ -442,6 +533,7 @@ def build_demo() -> gr.Blocks:
                 return (ex.replaced_by, *render(ex.replaced_by, "↺ reset"))
             return (ex, *render(ex, status, **kw))
 
+        @in_slot
         def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, picked, *s):
             ex = ex or Explorer()
             ex.trust_remote_code = bool(allow)
@@ -451,11 +543,16 @@ def build_demo() -> gr.Blocks:
             try:
                 cfg = _settings(*s)
                 kind, what = ex.plan(names, cfg, prompt_text, dev)
-                if kind == "confirm":
-                    yield (ex, *render(ex, _confirm(ex, what, "▶ Run")))
+                if kind in ("confirm", "replace"):
+                    yield (ex, *render(ex, _confirm(ex, kind, what, "▶ Run")))
                     return
-                ex.running, ex.cancel_requested = True, False
-                yield shown(ex, "… loading models and reading the prompt", export=False)
+                ex.running, ex.cancel_requested, ex.live_config = True, False, None
+                for i, n, spec, lm, secs in ex.load_each(names, dev):  # a cold start says which model it is on
+                    if lm is None:
+                        yield shown(ex, f"… loading model {i} of {n}: {html.escape(spec)}", export=False)
+                    elif secs > 1:
+                        yield shown(ex, f"… {html.escape(lm.name)} ready ({secs:.1f}s)", export=False, loaded=True)
+                yield shown(ex, "… reading the prompt", export=False)
                 before = ex.decoding
                 d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
                 changed = f" ({what} from round {d.trace.changes[-1]['from_round']})" if what else ""
@@ -465,7 +562,10 @@ def build_demo() -> gr.Blocks:
                 yield shown(ex, f"… decoding{changed}", export=False, loaded=True)
                 while not d.done and not ex.cancel_requested:
                     r = d.step()
-                    yield shown(ex, f"… round {r.index + 1} · {d.trace.words} words", export=False)
+                    moved = ex.apply_live(d)  # settings moved during the Run: from the next round on, marked
+                    moved = f" · {moved} from round {d.trace.changes[-1]['from_round']}" if moved else ""
+                    yield shown(ex, f"… round {r.index + 1} · {d.trace.words} words{html.escape(moved)}",
+                                export=False)
                 if not ex.cancel_requested:
                     for label in ex.run_others(names, cfg, prompt_text, other_methods, dev):
                         yield shown(ex, f"… {label} done", export=False)
@@ -473,17 +573,17 @@ def build_demo() -> gr.Blocks:
                     for name in ex.run_singles(names, cfg, prompt_text, dev):
                         yield shown(ex, f"… {name} alone done", export=False)
                 ex.running = False
-                if ex.cancel_requested and d.trace.stop_reason in (None, "cancelled"):
-                    d.cancel()
-                    yield shown(ex, f"■ cancelled after round {len(d.trace.rounds)}: the "
-                                    f"{d.trace.words} words so far are kept", loaded=True)
+                if ex.cancel_requested and not d.done:  # kept unfinished: Step or Run goes on from these words
+                    yield shown(ex, f"■ cancelled after round {len(d.trace.rounds)}: the {d.trace.words} words so "
+                                    "far are kept — Step › or ▶ Run continues from them, ↺ Reset starts over",
+                                loaded=True)
                     return
                 if ex.cancel_requested:  # the fused decode had finished: only the comparisons were stopped
                     yield shown(ex, f"■ cancelled the comparisons; the fused decode had finished: "
                                     f"{d.trace.words} words, {stop_note(d.trace)}", loaded=True)
                     return
-                yield shown(ex, f"✓ done: {d.trace.words} words in {len(d.trace.rounds)} rounds "
-                                f"({d.trace.seconds:.1f}s), {stop_note(d.trace)}", loaded=True)
+                yield shown(ex, f"✓ done: {count(d.trace.words, 'word')} in {count(len(d.trace.rounds), 'round')} "
+                                f"({d.trace.seconds:.1f}s wall clock), {stop_note(d.trace)}", loaded=True)
             except Exception as exc:  # noqa: BLE001
                 ex.running = False
                 yield shown(ex, "") if ex.replaced_by else (ex, *_error(ex, exc))
@@ -491,6 +591,7 @@ def build_demo() -> gr.Blocks:
                 ex.running = False
 
         @gpu
+        @in_slot_blocking
         def on_step(ex, names, dev, allow, prompt_text, picked, *s):
             ex = ex or Explorer()
             ex.trust_remote_code = bool(allow)
@@ -502,8 +603,8 @@ def build_demo() -> gr.Blocks:
             try:
                 cfg = _settings(*s)
                 kind, what = ex.plan(names, cfg, prompt_text, dev)
-                if kind == "confirm":
-                    return (ex, *render(ex, _confirm(ex, what, "Step ›")))
+                if kind in ("confirm", "replace"):
+                    return (ex, *render(ex, _confirm(ex, kind, what, "Step ›")))
                 before = ex.decoding
                 d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
                 fresh = d is not before
@@ -535,9 +636,11 @@ def build_demo() -> gr.Blocks:
             if ex.request_cancel():  # the run ends itself after the round under way and says so
                 gr.Info("Cancelling after the round under way", duration=4)
                 return (ex, *only_status())
-            return (ex, *render(ex, "■ cancelled between rounds" if ex.trace else "nothing is running"))
+            return (ex, *render(ex, "nothing is running: Step › or ▶ Run continues the decode on view, ↺ Reset "
+                                    "starts over" if ex.trace else "nothing is running"))
 
         @gpu
+        @in_slot
         def on_branch(ex, r_idx, c_idx):
             ex = ex or Explorer()
             if ex.running:
@@ -591,63 +694,151 @@ def build_demo() -> gr.Blocks:
                 return (ex, *_error(ex, exc))
 
         @gpu(duration=600)
-        def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v,
+        def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v, norm,
                     progress=gr.Progress(track_tqdm=True)):
             from adafuse.harness.evaluate import summarize
             ex = ex or Explorer()
             ex.trust_remote_code = bool(allow)
             try:
                 rows = ex.evaluate(task_name, n, methods, names,
-                                   {"tau": float(tau_v), "max_words": int(m_v), "branches": int(b_v)}, dev)
-                diff = disagreements(rows)
+                                   {"tau": float(tau_v), "max_words": int(m_v), "branches": int(b_v),
+                                    "normalize": NORMALIZE.get(norm, norm)}, dev)
+                table = analysis.example_table(rows)
                 labels = sorted({r["method"] for r in rows})
-                return (ex, f"✓ {len(rows)} runs on {task_name}; {len(diff)} disagreement(s)",
-                        pd.DataFrame(summarize(rows)),
-                        pd.DataFrame(diff) if diff else pd.DataFrame([{"line": "", "kind": "none: the ensemble and "
-                                                                       "every single model agree on each example"}]),
-                        gr.update(choices=labels, value="adafuse" if "adafuse" in labels else labels[0]),
-                        diff[0]["line"] if diff else (rows[0]["line"] if rows else None))
+                members = [m.removeprefix(analysis.SINGLE) for m in labels if m.startswith(analysis.SINGLE)]
+                wrong = sum(analysis.WRONG_BUT_MEMBER in r["labels"] for r in table)
+                first = next((r["line"] for r in table if analysis.WRONG_BUT_MEMBER in r["labels"]),
+                             table[0]["line"] if table else None)
+                return (ex, f"✓ {len(table)} examples × {len(labels)} methods on {task_name}; {wrong} where the "
+                            f"ensemble is wrong and a member right (right: {analysis.rule(task_name)})",
+                        pd.DataFrame(summarize(rows)), gr.update(value=analysis.ALL),
+                        gr.update(value=pd.DataFrame(table), column_widths=analysis.column_widths(table)),
+                        gr.update(value=ex.export_examples(), interactive=True),
+                        gr.update(choices=labels, value=analysis.ensemble_method(labels) or labels[0]), first,
+                        gr.update(choices=members, value=members[0] if members else None),
+                        divergence_figure(rows, members[0]) if members else plots.empty_figure("no member ran"))
             except Exception as exc:  # noqa: BLE001
-                return (ex, f"⚠️ **Error:** {html.escape(friendly(exc))}", gr.update(), gr.update(), gr.update(),
-                        gr.update())
+                return (ex, f"⚠️ **Error:** {html.escape(friendly(exc))}", *[gr.update()] * 8)
+
+        def on_filter(ex, show):
+            ex = ex or Explorer()
+            try:
+                table = analysis.example_table(ex.eval_rows, show)
+            except Exception as exc:  # noqa: BLE001
+                return gr.update(), f"⚠️ {html.escape(friendly(exc))}"
+            note = f"{len(table)} example(s): {show}" if ex.eval_rows else "no evaluation yet: press Run evaluation"
+            frame = pd.DataFrame(table) if table else pd.DataFrame(columns=EXAMPLE_COLUMNS)
+            return gr.update(value=frame, column_widths=analysis.column_widths(table) or None), note
+
+        def on_pick_row(evt: gr.SelectData):
+            row = evt.row_value or []
+            return row[0] if row else gr.update()  # the line column
+
+        def on_member(ex, member):
+            ex = ex or Explorer()
+            return divergence_figure(ex.eval_rows, member) if ex.eval_rows and member else gr.update()
 
         def on_open(ex, line, method):
             ex = ex or Explorer()
+            keep = [gr.update()] * 12
             if ex.running:
-                return (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before opening an example."))
+                return (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before opening an example."), *keep)
             try:
-                t = ex.open_example(int(line or 0), method)
-                return (ex, *render(ex, f"📂 example {int(line)} / {method}: {len(t.rounds)} rounds"))
+                methods = ex.open_example(int(line or 0), method)
+                t = ex.trace
+                found = [(m, divergence(t, single, m)) for m, single in ex.singles.items()] if len(t.models) > 1 \
+                    else []
+                found = [(m, d) for m, d in found if d is not None]
+                right = {m for m, r in methods.items() if analysis.right(r)}
+                # the member to look at first: one that was right where the opened answer is wrong, else the earliest
+                focus = min(found, key=lambda md: (f"{analysis.SINGLE}{md[0]}" not in right, md[1].round), default=None)
+                notes = [d.sentence() for _, d in found] or ["the opened answer follows every member's own decode"
+                                                             if ex.singles else "no single-model run to compare with"]
+                selected = focus[1].round if focus else None
+                ex.panel = analysis.example_html(methods, method) + "".join(divergence_html(d) for _, d in found)
+                st = t.settings
+                out = render(ex, f"📂 example {int(line)} / {html.escape(method)}: {count(len(t.rounds), 'round')} · "
+                                 + html.escape(notes[0] if focus is None else focus[1].sentence()), selected=selected)
+                jump = selected if selected is not None else 0
+                chosen = t.rounds[jump].chosen if t.rounds else 0
+                return (ex, *out, t.prompt, st.get("mode", "raw"), format_stops(st.get("stop", ())),
+                        st.get("tau", 0.7), st.get("max_words", 3), st.get("branches", 3),
+                        st.get("max_new_words", 40), st.get("max_new_tokens", 1024),
+                        next((k for k, v in NORMALIZE.items() if v == st.get("normalize", "token")), "per token"),
+                        jump, chosen,
+                        gr.update(selected="pool" if focus else "compare"))
             except Exception as exc:  # noqa: BLE001
-                return (ex, *_error(ex, exc))
+                return (ex, *_error(ex, exc), *keep)
+
+        def on_prompt(text, mode_v, stop_v, proposed):
+            """Raw mode: stop strings proposed from the prompt, unless the stop box holds the user's own."""
+            if mode_v != "raw" or (stop_v or "").strip() and stop_v != proposed:
+                return gr.update(), proposed
+            new = format_stops(propose_stops(text or ""))
+            return new, new
+
+        def on_live(ex, *s):
+            """A setting moved while a Run decodes: live ones apply from the next round (the run marks it), the
+            others wait for the next decode (said at once)."""
+            if ex is None or not ex.running or ex.decoding is None or ex.key is None:
+                return
+            try:
+                cfg = _settings(*s)
+                old, new = ex.key[1].to_dict(), cfg.to_dict()
+                fixed = [k for k in new if k not in LIVE_SETTINGS and new[k] != old[k]]
+                if fixed:
+                    gr.Warning(f"{', '.join(fixed)} cannot change during a Run: it applies to the next decode")
+                ex.live_config = cfg if not fixed else None
+                if not fixed:
+                    gr.Info("applies from the next round (marked on the Margins chart)", duration=3)
+            except Exception as exc:  # noqa: BLE001
+                gr.Warning(friendly(exc))
 
         refresh = [loaded_df, unload_pick]
-        models.change(weight_sliders, [models], weights, show_progress="hidden")
-        gate.change(gate_normalize, [gate, normalize], normalize, show_progress="hidden")
-        demo.load(loaded_views, None, refresh, show_progress="hidden")
-        demo.load(None, None, None, js=SHORTCUTS)
-        load_btn.click(on_load, [models, device, trust], [load_status]).then(loaded_views, None, refresh,
-                                                                      show_progress="hidden")
-        unload_btn.click(on_unload, [unload_pick], [load_status, *refresh])
+        hidden = dict(api_visibility="private")  # only /decode and /models are the app's API (app/api.py)
+        models.change(weight_sliders, [models], weights, show_progress="hidden", **hidden)
+        gate.change(gate_normalize, [gate, normalize], normalize, show_progress="hidden", **hidden)
+        demo.load(loaded_views, None, refresh, show_progress="hidden", **hidden)
+        demo.load(None, None, None, js=SHORTCUTS, **hidden)
+        load_btn.click(on_load, [models, device, trust], [load_status], **hidden).then(
+            loaded_views, None, refresh, show_progress="hidden", **hidden)
+        unload_btn.click(on_unload, [unload_pick], [load_status, *refresh], **hidden)
         eval_btn.click(on_eval, [state, eval_task, eval_n, eval_methods, models, device, trust, tau, max_words,
-                                 branches],
-                       [state, eval_status, eval_summary, eval_diff, open_method, open_line],
-                       concurrency_limit=1, concurrency_id="eval").then(loaded_views, None, refresh,
-                                                                       show_progress="hidden")
-        open_btn.click(on_open, [state, open_line, open_method], [state, *outputs])
+                                 branches, normalize],
+                       [state, eval_status, eval_summary, eval_filter, eval_table, eval_csv, open_method, open_line,
+                        div_member, div_plot],
+                       concurrency_limit=1, concurrency_id="eval", **hidden).then(loaded_views, None, refresh,
+                                                                                 show_progress="hidden", **hidden)
+        eval_filter.input(on_filter, [state, eval_filter], [eval_table, eval_status], **hidden)
+        eval_table.select(on_pick_row, None, [open_line], show_progress="hidden", **hidden)
+        div_member.input(on_member, [state, div_member], [div_plot], **hidden)
+        open_btn.click(on_open, [state, open_line, open_method],
+                       [state, *outputs, prompt, mode, stop, tau, max_words, branches, max_new_words,
+                        max_new_tokens, normalize, tok_round, tok_cand, view_tabs], **hidden).then(
+            None, js=TO_VIEWS, **hidden)
+        proposed = gr.State("")  # the stop strings last proposed from the prompt (the user's own are kept)
+        for trigger in (prompt.input, mode.input):
+            trigger(on_prompt, [prompt, mode, stop, proposed], [stop, proposed], show_progress="hidden",
+                    trigger_mode="always_last", **hidden)
+        for c in (tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
+                  system, thinking, speculate, normalize, gate, *weights):
+            c.input(on_live, [state, *settings], None, show_progress="hidden", trigger_mode="always_last",
+                    concurrency_limit=None, **hidden)
+        run_btn.click(None, js=TO_ANSWER, **hidden)
         run_evt = run_btn.click(on_run, [state, models, device, trust, prompt, compare, others, choice, *settings],
-                                [state, *outputs],
-                                concurrency_limit=2, concurrency_id="decode")
+                                [state, *outputs], show_progress="hidden",
+                                concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
         step_evt = step_btn.click(on_step, [state, models, device, trust, prompt, choice, *settings],
                                   [state, *outputs],
-                                  concurrency_limit=2, concurrency_id="decode")
-        cancel_btn.click(on_cancel, [state], [state, *outputs])
+                                  concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
+        cancel_btn.click(on_cancel, [state], [state, *outputs], **hidden)
 
-        round_sel.input(on_round, [state, round_sel], [pool_plot, picks_df], show_progress="hidden")  # keys too
-        upload.upload(on_upload, [state, upload], [state, *outputs])
+        round_sel.input(on_round, [state, round_sel], [pool_plot, picks_df], show_progress="hidden",  # keys too
+                        **hidden)
+        upload.upload(on_upload, [state, upload], [state, *outputs], **hidden)
         branch_evt = branch_btn.click(on_branch, [state, branch_round, branch_cand], [state, *outputs],
-                         concurrency_limit=2, concurrency_id="decode")
-        reset_btn.click(on_reset, [state], [state, *outputs], cancels=[run_evt, step_evt, branch_evt])
-        tok_btn.click(on_tokens, [state, tok_round, tok_cand], [tok_view], concurrency_limit=2,
-                      concurrency_id="decode")
+                                      concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
+        reset_btn.click(on_reset, [state], [state, *outputs], cancels=[run_evt, step_evt, branch_evt], **hidden)
+        tok_btn.click(on_tokens, [state, tok_round, tok_cand], [tok_view], concurrency_limit=DECODE_QUEUE,
+                      concurrency_id="decode", **hidden)
     return demo

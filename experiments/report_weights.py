@@ -8,10 +8,11 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from adafuse.divergence import departures
 from adafuse.harness.compare import format_difference, main_score, paired_difference
 from adafuse.harness.evaluate import markdown_table
 from adafuse.harness.figures import save
-from adafuse.harness.stats import departures, weight_shares
+from adafuse.harness.stats import weight_shares
 from adafuse.harness.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -417,7 +418,7 @@ def sweep_section(rows, per_ex, summary, tasks, best: str, figs: Path, obs: list
 
 def departures_table(rows, tasks, methods, strong: str) -> list[dict]:
     """Per Flores task and weighted method: how often the chosen candidate differs from the strong model's first
-    proposal, and why (`stats.departures`, from the traces)."""
+    proposal, and why (`adafuse.divergence.departures`, from the traces)."""
     flores = [t for t in tasks if t.startswith("flores")]
     counts = departures([r for r in rows if r["task"] in flores and r["method"] in methods], strong)
     out = []

@@ -82,3 +82,17 @@ def hamlet(pair):
     from adafuse import AdaFuse, DecodeConfig
     tr = AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=12)).generate("Question: Who wrote Hamlet?\nAnswer:")
     return tr, next(r.index for r in tr.rounds if r.index > 0 and len(r.candidates) > 1)
+
+
+@pytest.fixture(scope="session")
+def server():
+    """The app (`python app.py`) on a free port, one for every browser test module (tests/browser.py)."""
+    from tests.browser import serve
+    yield from serve()
+
+
+@pytest.fixture(scope="session")
+def page(server):
+    """A Chromium page on the app, shared by the browser tests (each starts with `browser.fresh`)."""
+    from tests.browser import browse
+    yield from browse(server)

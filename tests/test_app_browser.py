@@ -1,133 +1,16 @@
-"""Real browser: start `python app.py` on a free port and drive it with Playwright + Debian's Chromium."""
+"""Real browser: the app in Chromium (fixtures `server` and `page` in conftest.py, helpers in tests/browser.py)."""
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser import (ROOT, SHOTS, cap_words, fresh, open_accordion, open_tab, pick_example, status,
+                           upload_trace, wait_status)
+
 pytestmark = pytest.mark.browser
-
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-SHOTS = ROOT / "artifacts" / "screenshots"
-
-if not Path(CHROMIUM).exists():
-    if os.environ.get("ADAFUSE_REQUIRE_BROWSER") == "1":
-        raise RuntimeError(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    pytest.skip("no Chromium here (CI installs it and sets ADAFUSE_REQUIRE_BROWSER=1)", allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server():
-    port = free_port()
-    (ROOT / "artifacts").mkdir(exist_ok=True)
-    log = open(ROOT / "artifacts" / "app.log", "w")
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False"})
-    url = f"http://127.0.0.1:{port}/"
-    for _ in range(120):
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            break
-        except OSError:
-            time.sleep(1)
-    else:
-        proc.kill()
-        raise RuntimeError("the app did not start: see artifacts/app.log")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    from playwright.sync_api import sync_playwright
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--no-first-run", "--disable-sync", "--disable-quic"])
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-        pg.set_default_timeout(60_000)
-        pg.goto(server)
-        pg.get_by_text("AdaFuse Explorer").first.wait_for()
-        yield pg
-        browser.close()
-
-
-def status(pg) -> str:
-    return pg.locator("#af-status").inner_text()
-
-
-def wait_status(pg, needle: str, timeout_s: float = 400, fail_on_error: bool = True) -> str:
-    end = time.time() + timeout_s
-    while time.time() < end:
-        text = status(pg)
-        if needle in text:
-            return text
-        if fail_on_error and "Error" in text and "Error" not in needle:
-            raise AssertionError(f"the page shows an error: {text}")
-        time.sleep(0.5)
-    raise AssertionError(f"waited for {needle!r}; status is {status(pg)!r}")
-
-
-def pick_example(pg, label: str, needle: str):
-    """Click an example until the prompt box holds it (the page may still be wiring its events)."""
-    for _ in range(20):
-        pg.get_by_role("button", name=label).click()
-        time.sleep(0.5)
-        if needle in pg.locator("#af-prompt textarea").input_value():
-            return
-    raise AssertionError(f"example {label!r} did not fill the prompt")
-
-
-def fresh(pg, label: str | None = None, needle: str = ""):
-    """Reset the session, then pick an example."""
-    pg.locator("#af-reset").click()
-    wait_status(pg, "reset", fail_on_error=False)
-    if label:
-        pick_example(pg, label, needle)
-
-
-def open_accordion(pg, title: str, inside: str) -> None:
-    """Open a settings accordion unless an earlier test left it open (a click on an open one closes it)."""
-    if not pg.locator(inside).is_visible():
-        pg.get_by_text(title).click()
-    pg.locator(inside).wait_for(state="visible")
-
-
-def upload_trace(pg, path) -> None:
-    """Pick a trace file with the "Load a saved trace" button (a file chooser, as a person would)."""
-    with pg.expect_file_chooser() as chooser:
-        pg.locator("#af-upload").click()
-    chooser.value.set_files(str(path))
-
-
-def cap_words(pg, n: int) -> None:
-    """Lower Max new words (an example set it) where a test needs no longer answer than `n` words."""
-    box = pg.locator("#af-max-words input[type=number]")
-    box.fill(str(n))
-    box.press("Tab")
-    expect(pg.locator("#af-max-words input[type=range]")).to_have_value(str(n))
-
-
-def open_tab(pg, name: str):
-    pg.get_by_role("tab", name=name).click()
-    time.sleep(0.5)
 
 
 def test_run_mode_renders_every_view_and_exports(page, tmp_path):
@@ -262,9 +145,9 @@ def test_cancel_stops_a_running_decode_between_rounds(page):
     wait_status(pg, "cancelled", 60)
     spans = pg.locator("#af-fused .af-out .af-span").count()
     time.sleep(3)
-    assert "cancelled" in status(pg)
+    assert "cancelled" in status(pg) and "words so far are kept" in status(pg)
     assert pg.locator("#af-fused .af-out .af-span").count() == spans  # nothing more arrives
-    assert "cancelled" in pg.locator("#af-fused").inner_text()
+    assert "paused: Step › or ▶ Run continues from here" in pg.locator("#af-fused").inner_text()
 
 
 def test_empty_prompt_shows_an_error(page):
@@ -285,12 +168,15 @@ def test_an_empty_answer_says_why_in_its_place(page):
     fresh(pg, "Translate · German → English", "Wetter")  # raw mode, stop \n
     pg.locator("#af-prompt textarea").fill(flores_prompt(2))
     pg.get_by_label("Also run each model alone (greedy)").uncheck()  # the fused answer is the one looked at
+    open_accordion(pg, "Model weights in the fused score", "#af-normalize")
+    pg.locator("#af-normalize").get_by_label("per token (paper)").check()  # the paper's averaging
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done")
     shown = pg.locator("#af-fused .af-out").inner_text()
     assert "in round 0 the end of the answer scored" in shown and "no higher than every candidate with text" in shown
     assert "under smollm2-135m-instruct" in shown and "Weigh gemma3-270m more (Model weights)" in shown, shown
     pg.screenshot(path=str(SHOTS / "empty-answer.png"), full_page=True)
+    pg.locator("#af-normalize").get_by_label("per word").check()
     pg.get_by_label("Also run each model alone (greedy)").check()
 
 
@@ -396,6 +282,14 @@ def test_a_bad_trace_file_is_refused_and_the_session_stays(page, tmp_path):
     text = wait_status(pg, "Error", 60)
     assert "rounds[0].chosen is 99" in text and "/tmp/" not in text, text
     assert pg.locator("#af-fused .af-out").inner_text() == shown  # the session is as it was
+    data["rounds"][0]["chosen"] = data["rounds"][0]["winner"]  # now numbers that do not add up
+    r = next(r for r in data["rounds"] if len(r["candidates"]) > 1 and r["candidates"][0]["fused"] is not None)
+    r["candidates"][0]["fused"] = 1e300
+    bad.write_text(json.dumps(data))
+    upload_trace(pg, str(bad))
+    text = wait_status(pg, f"rounds[{r['index']}].candidates[0].fused is 1e+300, but the weighted mean", 60,
+                       fail_on_error=False)
+    assert pg.locator("#af-fused .af-out").inner_text() == shown
     pg.locator("#af-step").click()  # and still works
     wait_status(pg, "round 0 decided", 200, fail_on_error=False)
 
@@ -509,13 +403,13 @@ def test_evaluate_tab_lists_results_and_opens_a_trace(page):
     expect(examples).to_have_value("1")
     pg.locator("#af-eval-run").click()
     end = time.time() + 400
-    while "runs on" not in pg.locator("#af-eval-status").inner_text():
+    while "examples ×" not in pg.locator("#af-eval-status").inner_text():
         assert time.time() < end and "Error" not in pg.locator("#af-eval-status").inner_text()
         time.sleep(1)
     assert "adafuse" in pg.locator("#af-eval-summary").inner_text()
     pg.screenshot(path=str(SHOTS / "evaluate.png"), full_page=True)
     pg.get_by_role("button", name="Open in the explorer views").click()
-    wait_status(pg, "rounds", 60)
+    wait_status(pg, "📂 example 1 / adafuse", 60)
     assert pg.locator("#af-fused .af-span").count() > 0
     pg.locator("#af-unload-pick input").click()  # last test: unloading costs the next run a reload
     pg.get_by_role("option", name="gemma3-270m", exact=True).click()

@@ -1,16 +1,11 @@
 """The app's non-UI logic (app/controller.py): stop parsing, model-count checks, model placement, the loaded-models
-table, disagreement listing, friendly errors, step mode across settings changes."""
+table, friendly errors, step mode across settings changes."""
 import pytest
 
 import app.controller as controller
 from adafuse.errors import ConfigError, ModelLoadError, PromptError
-from app.controller import (Explorer, device_choices, disagreements, friendly, load_examples, loaded_frame,
-                            model_specs, parse_stops, unload, validate_models)
-
-
-def test_stop_strings_one_per_line_with_escapes():
-    assert parse_stops("\\n\\nQuestion:\n\n  \nEND") == ("\n\nQuestion:", "END")
-    assert parse_stops("") == ()
+from app.controller import (Explorer, device_choices, friendly, load_examples, loaded_frame, model_specs, unload,
+                            validate_models)
 
 
 def test_model_count_is_checked():
@@ -24,18 +19,6 @@ def test_examples_cover_the_five_categories_twice():
     cats = [e["category"] for e in load_examples()]
     for c in ("open-domain QA", "reading comprehension", "arithmetic", "translation", "free chat"):
         assert cats.count(c) >= 2
-
-
-def test_disagreements_both_ways():
-    def row(line, method, em):
-        return {"task": "nq", "line": line, "method": method, "scores": {"em": em}, "question": "q", "prediction": method,
-                "gold": ["g"]}
-    rows = [row(1, "adafuse", 0.0), row(1, "greedy:a", 1.0), row(1, "greedy:b", 0.0),
-            row(2, "adafuse", 1.0), row(2, "greedy:a", 0.0), row(2, "greedy:b", 1.0),
-            row(3, "adafuse", 1.0), row(3, "greedy:a", 1.0), row(3, "greedy:b", 1.0)]
-    out = disagreements(rows)
-    assert [(d["line"], d["kind"]) for d in out] == [(1, "ensemble wrong, a single model right"),
-                                                     (2, "ensemble right, a single model wrong")]
 
 
 def test_friendly_errors_never_show_a_stack_trace():
@@ -102,10 +85,9 @@ class FakeLoaded:
 
 def test_loaded_models_table(monkeypatch):
     frame = loaded_frame([FakeLoaded("a", "cpu"), FakeLoaded("b", "cuda:0, cuda:1")])
-    assert list(frame.columns) == ["model", "device", "dtype", "memory (MiB)", "load time (s)", "source", "notes"]
+    assert list(frame.columns) == ["model", "device", "dtype", "MiB", "load s"]
     assert frame.to_dict("records")[1] == {"model": "b", "device": "cuda:0, cuda:1", "dtype": "float32",
-                                           "memory (MiB)": 512.0, "load time (s)": 1.5, "source": "/models/b",
-                                           "notes": "inner layers as W·xᵀ"}
+                                           "MiB": 512.0, "load s": 1.5}
     empty = loaded_frame([])
     assert empty.empty and list(empty.columns) == list(frame.columns)
     monkeypatch.setattr(controller.MODELS, "loaded", lambda: [FakeLoaded("c", "cpu")])
@@ -193,7 +175,27 @@ def test_step_mode_keeps_its_rounds_when_settings_change(pair, monkeypatch):
     assert ex.plan(names, faster, prompt + " Be brief.") == ("confirm", "the prompt")
     assert ex.plan(names, replace(faster, mode="chat"), prompt) == ("confirm", "the prompt mode")
     assert ex.plan(names, replace(faster, mode="chat"), prompt) == ("new", "")  # pressed again: confirmed
-    assert ex.request_cancel() is False and d.done and d.trace.stop_reason == "cancelled"
+    assert ex.request_cancel() is False and not d.done  # nothing runs: the decode waits as it is for the next Step
+    ex.running = True
+    assert ex.request_cancel() is True and ex.cancel_requested and not d.done  # a Run stops between rounds, kept
     from adafuse import Trace
     again = Trace.from_dict(d.trace.to_dict())  # the change survives export and load
     assert again.changes == d.trace.changes
+
+
+def test_an_opened_trace_asks_before_a_run_replaces_it_and_a_moved_setting_applies_next_round(tmp_path):
+    from dataclasses import replace
+    from adafuse import AdaFuse, DecodeConfig
+    from tests.toy import toy_pair
+    cfg = DecodeConfig(max_new_words=6)
+    ex = Explorer()
+    ex.load_trace(AdaFuse(list(toy_pair()), cfg).generate("Q").save(tmp_path / "t.json"))
+    kind, what = ex.plan(["a", "b"], cfg, "Q")
+    assert (kind, what) == ("replace", "the loaded trace (t.json)")
+    assert ex.plan(["a", "b"], cfg, "Q") == ("new", "")  # pressed again: confirmed
+    d = AdaFuse(list(toy_pair()), cfg).start("Q")
+    ex.decoding, ex.trace, ex.key, ex.opened = d, d.trace, (("a", "b"), cfg, "Q"), None
+    ex.live_config = replace(cfg, tau=0.3)  # moved during a Run: the run applies it between two rounds
+    assert ex.apply_live(d) == "τΔ 0.7 → 0.3" and ex.live_config is None and ex.key[1].tau == 0.3
+    assert d.trace.changes == [{"from_round": 0, "settings": {"tau": 0.3}}]
+    assert ex.apply_live(d) == ""

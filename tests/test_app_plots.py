@@ -10,13 +10,24 @@ from tests.traces import empty_trace, two_rounds
 def test_margins_figure_has_one_line_per_model_and_the_tau_line():
     fig = plots.margins_figure(two_rounds())
     lines = [t for t in fig.data if t.mode == "lines"]
-    assert isinstance(fig, go.Figure) and [t.name for t in lines] == ["a", "b"]
+    assert isinstance(fig, go.Figure) and [t.name for t in lines] == ["a", "b", "τΔ"]
     assert list(lines[1].y) == [0.75, 0.2]
     points = {t.name: t for t in fig.data if t.mode == "markers" and t.showlegend is False}
     assert list(points["b · commit"].y) == [0.75] and points["b · commit"].marker.symbol == "circle"
     assert list(points["b · explore"].y) == [0.2] and points["b · explore"].marker.symbol == "x"
     assert fig.layout.xaxis.title.text == "round" and fig.layout.yaxis.title.text == "Δ"
-    assert any(s.y0 == 0.7 for s in fig.layout.shapes)
+    assert set(lines[2].y) == {0.7} and min(lines[2].x) == 0 and max(lines[2].x) == 1.5
+
+
+def test_margins_tau_line_follows_a_change_made_mid_decode_and_marks_it():
+    t = two_rounds()
+    t.changes.append({"from_round": 1, "settings": {"tau": 0.3, "branches": 2}})
+    fig = plots.margins_figure(t)
+    tau = next(tr for tr in fig.data if tr.name == "τΔ")
+    assert list(zip(tau.x, tau.y)) == [(0, 0.7), (0.5, 0.7), (0.5, 0.3), (1.5, 0.3)]
+    marks = [a.text for a in fig.layout.annotations if "from round" in (a.text or "")]
+    assert marks == ["from round 1: τΔ → 0.3, B → 2"]
+    assert [s.x0 for s in fig.layout.shapes] == [0.5]
 
 
 def test_margins_legend_shows_each_kind_with_the_symbol_its_points_use():

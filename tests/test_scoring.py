@@ -6,7 +6,8 @@ import math
 import pytest
 
 from adafuse import AdaFuse, ConfigError, DecodeConfig, Trace
-from adafuse.scoring import Unscored, fused_score, score_candidates
+from adafuse.scoring import score_candidates
+from adafuse.trace import Unscored, fused_score
 from adafuse.models.session import LocalSession
 from adafuse.trace import Candidate
 from tests.toy import B_RULES, V, first_round, nll, toy_model, toy_pair

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from adafuse.harness.stats import (PoolEmbedder, changed_picks, departures, empty_answers, pool_diversity,
-                                   seconds_per_word, weight_shares)
+from adafuse.harness.stats import (PoolEmbedder, changed_picks, empty_answers, pool_diversity, seconds_per_word,
+                                   weight_shares)
 
 
 def row(method="a", task="nq", **trace):
@@ -26,26 +26,6 @@ def test_weight_shares_average_each_gated_round_share():
              {"features": [], "weights": {"s": 1.0, "g": 9.0}}]  # no features: static weights, not the gate's
     shares = weight_shares([row("gate", rounds=gated), row("plain", rounds=[{"weights": {"s": 1.0}}])])
     assert shares == {("nq", "gate"): ({"s": pytest.approx(0.375), "g": pytest.approx(0.625)}, 2)}
-
-
-def cand(text, nll_g=None, tokens_g=1, eos=False):
-    return {"text": text, "eos": eos, "nll": {} if nll_g is None else {"g": nll_g}, "n_tokens": {"g": tokens_g}}
-
-
-def test_departures_say_why_the_chosen_candidate_is_not_the_models_first_proposal():
-    def rnd(chosen, proposals, candidates):
-        return {"chosen": chosen, "candidates": candidates,
-                "steps": [{"model": "s", "proposals": [0]}, {"model": "g", "proposals": proposals}]}
-    rounds = [rnd(0, [0, 1], [cand(" a"), cand(" b")]),                             # its own first word: kept
-              rnd(1, [0, 1], [cand(" a", 1.0, 1), cand(" abc", 0.5, 4)]),          # its own longer word
-              rnd(1, [0, 2], [cand(" a", 1.0, 2), cand(" z", 2.0, 1), cand(" y")]),  # the other model's word
-              rnd(1, [0], [cand(" a", 1.0), cand("", eos=True)]),                  # the bare end, no NLL of g
-              rnd(0, [], [cand(" a")])]                                            # g proposed nothing
-    rows = [row("w", "flores-de-en", rounds=rounds), row("w", "flores-de-en", models=["s"], rounds=rounds[:1])]
-    assert departures(rows, "g") == {("flores-de-en", "w"): {
-        "examples": 1, "rounds": 5, "longer": 1, "own other": 0, "other": 1, "ended": 1,
-        "prefers": 1,        # g's averaged NLL: 0.5 < 1.0 for its longer word; 2.0 > 1.0 for the other model's
-        "kept by a sum": 1}}  # summed: 0.5·4 = 2 > 1·1 (kept its first word); 2·1 = 2 > 1·2 is False
 
 
 def test_changed_picks_compare_the_embedding_picks_with_the_surface_strategys():

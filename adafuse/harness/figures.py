@@ -1,6 +1,7 @@
 """Plotly figures shared by the app and the results report: a trace (or results) in, a `go.Figure` out."""
 from __future__ import annotations
 
+import html
 from collections import Counter
 from pathlib import Path
 from typing import Iterable
@@ -8,14 +9,14 @@ from typing import Iterable
 import plotly.graph_objects as go
 
 from ..report import candidate_label
-from ..scoring import candidate_nll
-from ..trace import EXPLORING, SPAN_WRITING, Round, Trace
+from ..trace import EXPLORING, SPAN_WRITING, Round, Trace, candidate_nll
 
 KIND_COLORS = {"commit": "#c8ecd4", "explore": "#fde2b8", "override": "#e3d2fb"}
 KIND_NAMES = {"commit": "committed by confident models", "explore": "chosen after exploration",
               "override": "overridden by you"}
 MODEL_COLORS = ["#2563eb", "#dc2626", "#059669", "#9333ea"]
 FUSED_COLOR = "#111827"
+SHORT_NAMES = {"tau": "τΔ", "max_words": "M", "branches": "B", "explore_lambda": "λ"}  # the settings' symbols
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
@@ -89,9 +90,18 @@ def margins_figure(trace: Trace | None) -> go.Figure:
                                             f" (share {v:.2f})" for r, v in zip(gated, share)],
                                  hovertemplate="%{hovertext}<extra></extra>"))
     tau = trace.settings.get("tau")
-    if tau is not None:
-        fig.add_hline(y=tau, line=dict(color="#6b7280", dash="dash"), annotation_text=f"τΔ = {tau}",
-                      annotation_position="top left")
+    if tau is not None:  # τΔ as it was in force each round: a step where a change applied from a round on
+        steps = [(0, tau)] + [(c["from_round"], c["settings"]["tau"]) for c in trace.changes if "tau" in c["settings"]]
+        bounds = [s[0] - 0.5 for s in steps] + [max(len(trace.rounds), steps[-1][0] + 1) - 0.5]
+        xs = [x for i in range(len(steps)) for x in (max(bounds[i], 0), bounds[i + 1])]
+        ys = [v for _, v in steps for _ in (0, 1)]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="τΔ", line=dict(color="#6b7280", dash="dash"),
+                                 hovertext=[f"τΔ = {v}" for v in ys], hovertemplate="%{hovertext}<extra></extra>"))
+        fig.add_annotation(x=0, y=tau, text=f"τΔ = {tau}", showarrow=False, xanchor="left", yanchor="bottom")
+    for c in trace.changes:  # a marker where settings moved mid-decode (Step mode or during a Run)
+        what = ", ".join(f"{SHORT_NAMES.get(k, k)} → {v}" for k, v in c["settings"].items())
+        fig.add_vline(x=c["from_round"] - 0.5, line=dict(color="#7c3aed", dash="dot"),
+                      annotation_text=html.escape(f"from round {c['from_round']}: {what}"), annotation_position="top")
     fig.update_yaxes(range=[-0.02, 1.05])
     fig.update_xaxes(tickformat="d", dtick=max(1, len(trace.rounds) // 10))  # rounds are whole numbers
     return _layout(fig, title, "round", "Δ")

@@ -1,5 +1,5 @@
-"""What stored traces say per (task, method): seconds per word, empty answers, pool diversity, selection changes,
-gate weight shares and how often the chosen candidate leaves one model's own proposal."""
+"""What stored traces say per (task, method): seconds per word, empty answers, pool diversity, selection changes and
+gate weight shares (where the chosen candidate leaves one model's own proposal: adafuse/divergence.py)."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -111,36 +111,3 @@ def weight_shares(rows: list[dict]) -> dict[Key, tuple[dict[str, float], int]]:
                 for m, w in rd["weights"].items():
                     acc[(r["task"], r["method"])][m].append(w / tot)
     return {k: ({m: sum(v) / len(v) for m, v in ws.items()}, len(next(iter(ws.values())))) for k, ws in acc.items()}
-
-
-def departures(rows: list[dict], model: str) -> dict[Key, dict[str, int]]:
-    """How often, and why, the chosen candidate is not `model`'s first proposal (its greedy span, or its most likely
-    word when it explores), over the examples whose trace has `model`: {"examples", "rounds", "longer" (`model`
-    proposed the chosen word itself and it is more of its tokens), "own other" (another of its own words), "other"
-    (another model's), "ended" (the bare end of the answer), "prefers" (`model`'s own averaged NLL is lower for the
-    chosen candidate), "kept by a sum" (a summed NLL of `model` would have kept its first proposal)}."""
-    out: dict[Key, dict[str, int]] = {}
-    for r in rows:
-        if model not in r["trace"]["models"]:
-            continue
-        c = out.setdefault((r["task"], r["method"]), dict.fromkeys(
-            ("examples", "rounds", "longer", "own other", "other", "ended", "prefers", "kept by a sum"), 0))
-        c["examples"] += 1
-        for rd in r["trace"]["rounds"]:
-            st = next(s for s in rd["steps"] if s["model"] == model)
-            c["rounds"] += 1
-            if not st["proposals"] or rd["chosen"] == st["proposals"][0]:
-                continue
-            chosen, first = rd["candidates"][rd["chosen"]], rd["candidates"][st["proposals"][0]]
-            if chosen["eos"] and not chosen["text"].strip():
-                c["ended"] += 1
-            elif rd["chosen"] in st["proposals"]:
-                longer = (chosen["n_tokens"].get(model) or 0) > (first["n_tokens"].get(model) or 0)
-                c["longer" if longer else "own other"] += 1
-            else:
-                c["other"] += 1
-            cn, fn = chosen["nll"].get(model), first["nll"].get(model)
-            if cn is not None and fn is not None:
-                c["prefers"] += cn < fn
-                c["kept by a sum"] += cn * chosen["n_tokens"][model] > fn * first["n_tokens"][model]
-    return out

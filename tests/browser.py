@@ -1,0 +1,129 @@
+"""Helpers of the browser tests: the app started with `python app.py` on a free port, driven with Playwright and
+Debian's Chromium (the `server` and `page` fixtures live in conftest.py: one app for every browser test module)."""
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+SHOTS = ROOT / "artifacts" / "screenshots"
+
+if not Path(CHROMIUM).exists():
+    if os.environ.get("ADAFUSE_REQUIRE_BROWSER") == "1":
+        raise RuntimeError(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    pytest.skip("no Chromium here (CI installs it and sets ADAFUSE_REQUIRE_BROWSER=1)", allow_module_level=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve():
+    """Start the app; yields its URL, stops it after."""
+    port = free_port()
+    (ROOT / "artifacts").mkdir(exist_ok=True)
+    log = open(ROOT / "artifacts" / "app.log", "w")
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False"})
+    url = f"http://127.0.0.1:{port}/"
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            break
+        except OSError:
+            time.sleep(1)
+    else:
+        proc.kill()
+        raise RuntimeError("the app did not start: see artifacts/app.log")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+
+
+def browse(server):
+    """A Chromium page on the app; yields it, closes the browser after."""
+    from playwright.sync_api import sync_playwright
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--no-first-run", "--disable-sync", "--disable-quic"])
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        pg.set_default_timeout(60_000)
+        pg.goto(server)
+        pg.get_by_text("AdaFuse Explorer").first.wait_for()
+        yield pg
+        browser.close()
+
+
+def status(pg) -> str:
+    return pg.locator("#af-status").inner_text()
+
+
+def wait_status(pg, needle: str, timeout_s: float = 400, fail_on_error: bool = True) -> str:
+    end = time.time() + timeout_s
+    while time.time() < end:
+        text = status(pg)
+        if needle in text:
+            return text
+        if fail_on_error and "Error" in text and "Error" not in needle:
+            raise AssertionError(f"the page shows an error: {text}")
+        time.sleep(0.5)
+    raise AssertionError(f"waited for {needle!r}; status is {status(pg)!r}")
+
+
+def pick_example(pg, label: str, needle: str):
+    """Click an example until the prompt box holds it (the page may still be wiring its events)."""
+    for _ in range(20):
+        pg.get_by_role("button", name=label).click()
+        time.sleep(0.5)
+        if needle in pg.locator("#af-prompt textarea").input_value():
+            return
+    raise AssertionError(f"example {label!r} did not fill the prompt")
+
+
+def fresh(pg, label: str | None = None, needle: str = ""):
+    """Reset the session, then pick an example."""
+    pg.locator("#af-reset").click()
+    wait_status(pg, "reset", fail_on_error=False)
+    if label:
+        pick_example(pg, label, needle)
+
+
+def open_accordion(pg, title: str, inside: str) -> None:
+    """Open a settings accordion unless an earlier test left it open (a click on an open one closes it)."""
+    if not pg.locator(inside).is_visible():
+        pg.get_by_text(title).click()
+    pg.locator(inside).wait_for(state="visible")
+
+
+def upload_trace(pg, path) -> None:
+    """Pick a trace file with the "Load a saved trace" button (a file chooser, as a person would)."""
+    with pg.expect_file_chooser() as chooser:
+        pg.locator("#af-upload").click()
+    chooser.value.set_files(str(path))
+
+
+def cap_words(pg, n: int) -> None:
+    """Lower Max new words (an example set it) where a test needs no longer answer than `n` words."""
+    box = pg.locator("#af-max-words input[type=number]")
+    box.fill(str(n))
+    box.press("Tab")
+    expect(pg.locator("#af-max-words input[type=range]")).to_have_value(str(n))
+
+
+def open_tab(pg, name: str):
+    pg.get_by_role("tab", name=name).click()
+    time.sleep(0.5)
+
+

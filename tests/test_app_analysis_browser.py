@@ -1,0 +1,217 @@
+"""Error analysis and teaching in a real browser: from an evaluation to the round where the ensemble left a member,
+and the first steps of a newcomer (fixtures `server` and `page` in conftest.py, helpers in tests/browser.py)."""
+import csv
+import json
+import time
+import urllib.request
+
+import pytest
+
+from tests.browser import SHOTS, cap_words, fresh, open_tab, status, wait_status
+
+pytestmark = pytest.mark.browser
+
+WRONG_BUT_MEMBER = "ensemble wrong, a member right"
+
+
+def eval_status(pg) -> str:
+    return pg.locator("#af-eval-status").inner_text()
+
+
+def table_rows(pg):
+    return pg.locator("#af-eval-table .virtual-row")
+
+
+def table_lines(pg) -> list[int]:
+    """The line column of the examples table as shown (after sorting or filtering)."""
+    rows = table_rows(pg)
+    return [int(rows.nth(i).locator("[role=gridcell]").first.inner_text().strip()) for i in range(rows.count())]
+
+
+def test_scenario_from_an_evaluation_to_the_round_where_the_ensemble_left_a_member(page, tmp_path):
+    """Evaluate 10 SQuAD lines → filter "ensemble wrong, a member right" → open the first: the prompt, gold and
+    every method's answer are there, the divergence sentence names the round and the candidate, the Pool tab shows
+    that round, and Run asks before replacing the opened trace."""
+    pg = page
+    fresh(pg)
+    open_tab(pg, "Evaluate")
+    pg.locator("#af-eval-task input").click()
+    pg.get_by_role("option", name="squad", exact=True).click()
+    n = pg.locator('input[aria-label="number input for Examples"]')
+    n.fill("10")
+    n.press("Tab")
+    pg.locator("#af-eval-run").click()
+    end = time.time() + 900
+    while "examples ×" not in eval_status(pg):
+        assert time.time() < end and "Error" not in eval_status(pg), eval_status(pg)
+        time.sleep(2)
+    assert "10 examples × 3 methods on squad" in eval_status(pg), eval_status(pg)
+    head = pg.locator("#af-eval-table thead").inner_text()
+    for col in ("labels", "gold", "adafuse f1", "greedy:gemma3-270m f1"):
+        assert col in head, head
+    assert set(table_lines(pg)) <= set(range(1, 11)) and table_lines(pg)[0] == 1  # rows below scroll into view
+    pg.screenshot(path=str(SHOTS / "evaluate-examples.png"), full_page=True)
+    with pg.expect_download() as dl:  # every example, every method's answer and scores, as CSV
+        pg.locator("#af-eval-csv").click()
+    rows = list(csv.DictReader(open(dl.value.path(), encoding="utf-8")))
+    assert len(rows) == 10 and "adafuse: f1" in rows[0] and "greedy:gemma3-270m: answer" in rows[0]
+    pg.locator("#af-eval-filter input").click()
+    pg.get_by_role("option", name=WRONG_BUT_MEMBER, exact=True).click()
+    end = time.time() + 30
+    while not all(WRONG_BUT_MEMBER in r for r in table_rows(pg).all_inner_texts()):
+        assert time.time() < end, pg.locator("#af-eval-table").inner_text()[:400]
+        time.sleep(0.5)
+    shown = table_lines(pg)
+    assert shown and len(shown) < 10, shown
+    table_rows(pg).first.locator("[role=gridcell]").nth(2).click()  # pick the first row
+    line = pg.locator("#af-open-line input")
+    end = time.time() + 20
+    while line.input_value() != str(shown[0]):
+        assert time.time() < end, line.input_value()
+        time.sleep(0.3)
+    pg.locator("#af-open").click()
+    text = wait_status(pg, f"example {shown[0]} / adafuse", 60)
+    assert "Round " in text and "the ensemble chose" in text, text  # the divergence sentence
+    r = int(text.split("Round ")[1].split(":")[0])
+    panel = pg.locator("#af-example").inner_text()
+    for needle in ("Gold:", "greedy:gemma3-270m", "greedy:smollm2-135m-instruct", "adafuse (opened)", "✗ wrong",
+                   "✓ right"):
+        assert needle in panel, panel[:600]
+    prompt = pg.locator("#af-prompt textarea").input_value()
+    assert prompt.endswith("Answer:\n") and "Question:" in prompt  # the decode's own prompt, restored
+    assert pg.locator("#af-pool").is_visible()  # the Pool tab is open at that round
+    assert pg.locator("#af-round input[type=range]").input_value() == str(r)
+    assert f"round {r}" in pg.locator("#af-pool .gtitle").text_content().lower()
+    cols = pg.locator("#af-compare").inner_text()
+    assert "gemma3-270m alone" in cols and "smollm2-135m-instruct alone" in cols  # the members' own answers
+    pg.screenshot(path=str(SHOTS / "divergence-opened.png"), full_page=True)
+    div_plot = pg.locator("#af-div-plot")
+    pg.get_by_text("Where and why the ensemble leaves each member").click()
+    div_plot.locator("svg.main-svg").first.wait_for()
+    pg.screenshot(path=str(SHOTS / "divergence-chart.png"), full_page=True)
+    pg.locator("#af-step").click()  # an opened trace is not replaced silently
+    assert "again to decode the prompt box anew" in wait_status(pg, f"The views show example {shown[0]}", 30)
+    assert pg.locator("#af-compare").inner_text() == cols  # nothing replaced yet
+
+
+def test_a_newcomers_raw_prompt_gets_a_stop_string_and_stops_after_the_answer(page):
+    pg = page
+    fresh(pg)
+    box = pg.locator("#af-prompt textarea")
+    box.fill("")
+    box.type("Question: Who wrote Hamlet?\nAnswer:")
+    stop = pg.locator("#af-stop textarea")
+    end = time.time() + 20
+    while stop.input_value() != "\\n":  # the answer goes on the line of "Answer:": it ends with that line
+        assert time.time() < end, stop.input_value()
+        time.sleep(0.3)
+    pg.set_viewport_size({"width": 1280, "height": 800})
+    try:
+        pg.locator("#af-run").click()
+        text = wait_status(pg, "✓ done")
+        out = pg.locator("#af-fused .af-out").inner_text()
+        assert "Shakespeare" in out and "Question" not in out and len(out.split()) <= 8, out
+        assert "stop: a stop string" in text, text
+        status_y, box_y = (pg.locator(sel).bounding_box()["y"] for sel in ("#af-status", "#af-fused"))
+        assert -5 <= status_y < box_y < 600, (status_y, box_y)  # scrolled to the status and the answer
+        seconds = text.split("(")[1].split("s wall clock")[0]  # one duration for the run, everywhere
+        assert f"· {seconds}s" in pg.locator("#af-fused .af-legend").inner_text()
+        assert f"· {seconds}s" in pg.locator("#af-compare .af-col").first.inner_text()
+        pg.locator("#af-fused .af-span").first.focus()
+        tip = pg.evaluate("() => document.activeElement.dataset.tip || ''")
+        assert "runner-up" in tip or "the only candidate" in tip, tip  # why it won
+        pg.screenshot(path=str(SHOTS / "newcomer-1280x800.png"))
+    finally:
+        pg.set_viewport_size({"width": 1400, "height": 1000})
+    stop.fill("\\q")  # an unknown escape is said, not silently never matched
+    pg.locator("#af-run").click()
+    assert "\\q" in wait_status(pg, "Error", 60)
+    stop.fill("")
+
+
+def test_keyboard_focus_is_visible_on_sliders_checkboxes_and_radios(page):
+    pg = page
+    fresh(pg)
+    for sel in ("#af-tau input[type=range]", "#af-speculate input", "#af-exploration input", "#af-run"):
+        pg.locator(sel).first.focus()
+        pg.keyboard.press("Shift+Tab")
+        pg.keyboard.press("Tab")  # a keyboard focus (focus-visible), as a keyboard user gets it
+        style = pg.evaluate("""() => { const e = document.activeElement;
+            const own = getComputedStyle(e), label = e.closest('label') ? getComputedStyle(e.closest('label')) : null;
+            return [own.outlineStyle, own.outlineWidth, label ? label.outlineStyle : 'none']; }""")
+        assert "solid" in (style[0], style[2]), (sel, style)
+
+
+def test_a_setting_moved_during_a_run_applies_from_the_next_round_and_cancel_keeps_the_words(page):
+    pg = page
+    fresh(pg, "Chat · tea tips", "cup of tea")
+    pg.get_by_label("Also run each model alone (greedy)").uncheck()
+    cap_words(pg, 60)
+    pg.locator("#af-run").click()
+    wait_status(pg, "round 1", 200)
+    tau = pg.locator("#af-tau input[type=number]")
+    tau.fill("0.3")
+    tau.press("Tab")
+    text = wait_status(pg, "τΔ 0.7 → 0.3 from round", 200)
+    open_tab(pg, "Margins")
+    pg.locator("#af-margins svg.main-svg").first.wait_for()
+    assert "from round" in pg.locator("#af-margins").text_content()  # the change marked on the chart
+    pg.locator("#af-cancel").click()
+    text = wait_status(pg, "cancelled after round", 120)
+    kept = int(text.split("cancelled after round ")[1].split(":")[0])
+    assert "Step › or ▶ Run continues" in text
+    pg.locator("#af-step").click()
+    text = wait_status(pg, "decided", 200)
+    assert f"round {kept} decided" in text, text  # on from the kept words, not round 0
+    tau.fill("0.7")
+    tau.press("Tab")
+    pg.get_by_label("Also run each model alone (greedy)").check()
+
+
+def test_a_cold_run_says_which_model_it_is_loading(page):
+    pg = page
+    fresh(pg, "QA · author of Hamlet", "Hamlet")
+    pg.locator("#af-unload-pick input").click()
+    pg.get_by_role("option", name="gemma3-270m", exact=True).click()
+    pg.locator("#af-unload").click()
+    pg.locator("#af-load-status", has_text="unloaded gemma3-270m").wait_for()
+    pg.locator("#af-run").click()
+    seen = wait_status(pg, "loading model 2 of 2: gemma3-270m", 120)
+    assert "gemma3-270m" in seen
+    wait_status(pg, "✓ done")
+
+
+def test_only_the_public_api_is_listed(server):
+    info = json.loads(urllib.request.urlopen(server + "gradio_api/info", timeout=30).read())
+    assert sorted(info["named_endpoints"]) == ["/decode", "/models"], sorted(info["named_endpoints"])
+    assert not info.get("unnamed_endpoints"), list(info["unnamed_endpoints"])[:5]
+
+
+def test_a_third_visitor_waits_in_line_with_a_measured_estimate(page):
+    """Two decodes run at once (ADAFUSE_DECODE_SLOTS); a third visitor is told their place in line and an estimate
+    measured from the decodes the server ran, then gets their own answer."""
+    pg = page
+    fresh(pg, "QA · author of Hamlet", "Hamlet")
+    pg.locator("#af-run").click()  # one decode measured before the others queue
+    wait_status(pg, "✓ done")
+    others = [pg.context.browser.new_page(viewport={"width": 1280, "height": 800}) for _ in range(2)]
+    try:
+        for other in others:
+            other.set_default_timeout(60_000)
+            other.goto(pg.url)
+            other.get_by_text("AdaFuse Explorer").first.wait_for()
+            fresh(other, "Chat · tea tips", "cup of tea")
+        for p in (*others, pg):
+            p.locator("#af-run").click()
+        end, seen = time.time() + 120, ""
+        while "waiting for a free decoding slot" not in seen:
+            assert time.time() < end, [status(p) for p in (*others, pg)]
+            seen = " ".join(status(p) for p in (*others, pg))
+            time.sleep(0.3)
+        assert "decode(s) ahead, about" in seen and "measured from the last" in seen, seen
+        for p in (*others, pg):
+            wait_status(p, "✓ done", 600)
+        assert pg.locator("#af-fused .af-out").inner_text() != others[0].locator("#af-fused .af-out").inner_text()
+    finally:
+        for other in others:
+            other.close()
