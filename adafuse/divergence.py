@@ -1,6 +1,4 @@
-"""Where and why a fused decode leaves one member: the round its text parts from the member's own decode, the scores
-behind that choice and the member's weight that would have kept its word; over evaluation rows, the rounds whose
-chosen candidate is not the member's first proposal, by place and cause."""
+"""Where and why a fused decode leaves one member's own decode: the round, the scores, the weight that keeps it."""
 from __future__ import annotations
 
 import math
@@ -332,7 +330,13 @@ def departures(rows: list[dict], model: str) -> dict[Key, dict[str, int]]:
 def divergences(rows: list[dict], model: str) -> dict[tuple[str, str, int], Divergence | None]:
     """Per (task, method, line) of every row with `model` among several models, its `divergence` from the same
     line's "greedy:<model>" row (rows without one are left out)."""
-    solo = {(r["task"], r["line"]): r for r in rows if r["method"] == SOLO + model}
+    solo = {(r["task"], r["line"]): r for r in rows if is_solo(r, model)}
     return {(r["task"], r["method"], r["line"]): divergence(r, solo[(r["task"], r["line"])], model) for r in rows
-            if (r["task"], r["line"]) in solo and r["method"] != SOLO + model
-            and len(trace_dict(r)["models"]) > 1 and model in trace_dict(r)["models"]}
+            if (r["task"], r["line"]) in solo and len(trace_dict(r)["models"]) > 1 and model in trace_dict(r)["models"]}
+
+
+def is_solo(row: dict, model: str | None = None) -> bool:
+    """An evaluation row of one model alone ("greedy:<spec>": the spec may carry a placement, `MODEL@cpu`; its
+    trace names the model), and of `model` when given."""
+    models = trace_dict(row)["models"]
+    return row["method"].startswith(SOLO) and len(models) == 1 and (model is None or models[0] == model)

@@ -1,16 +1,15 @@
-"""An evaluation's examples as data: one row per example with every method's answer and score, labels computed from
-those scores, and everything about one example for the explorer views. Pure functions, no Gradio."""
+"""An evaluation's examples as data: answers, scores and labels per example, and one example opened."""
 from __future__ import annotations
 
 import csv
 import html
 from pathlib import Path
 
+from adafuse.divergence import SOLO as SINGLE, divergence, is_solo
 from adafuse.errors import ConfigError
 from adafuse.harness.tasks import TASKS
 from adafuse.trace import Trace
 
-SINGLE = "greedy:"  # an evaluation's single-model runs: method "greedy:<model>"
 
 # The labels an example can carry (the Evaluate tab's filter), each computed from the methods' scores
 WRONG_BUT_MEMBER = "ensemble wrong, a member right"
@@ -162,8 +161,8 @@ def split(methods: dict[str, dict], opened: str) -> tuple[Trace, dict[str, Trace
     if opened not in methods:
         raise ConfigError(f"{opened!r} did not run on this example: pick one of {', '.join(methods)}")
     trace = Trace.from_dict(methods[opened]["trace"])
-    singles = {m.removeprefix(SINGLE): Trace.from_dict(r["trace"]) for m, r in methods.items()
-               if m.startswith(SINGLE) and m != opened}
+    singles = {t.models[0]: t for t in (Trace.from_dict(r["trace"]) for m, r in methods.items()  # by the model's name
+                                        if is_solo(r) and m != opened)}
     others = {m: Trace.from_dict(r["trace"]) for m, r in methods.items() if not m.startswith(SINGLE) and m != opened}
     return trace, singles, others
 
@@ -199,3 +198,26 @@ def column_widths(table: list[dict]) -> list[str]:
         return []
     width = {"line": "56px", "labels": "150px", "gold": "160px", "question": "320px"}
     return [width.get(c, "90px" if c.rsplit(" ", 1)[-1] in ("em", "f1", "acc", "chrf") else "170px") for c in table[0]]
+
+
+def members(rows: list[dict]) -> list[str]:
+    """The models an evaluation ran alone, by the names their traces (and the fused ones) give them."""
+    return sorted({r["trace"]["models"][0] for r in rows if is_solo(r)})
+
+
+def right_models(methods: dict[str, dict]) -> set[str]:
+    """The models whose own decode of this example is right."""
+    return {r["trace"]["models"][0] for r in methods.values() if is_solo(r) and right(r)}
+
+
+def departures_of(trace: Trace, singles: dict[str, Trace], methods: dict[str, dict]):
+    """Where an opened trace leaves each member's own decode: (the divergences, the one to look at first — a member
+    that was right where the opened answer is wrong, else the earliest —, a note when there is none)."""
+    if len(trace.models) == 1:
+        return [], None, f"{trace.models[0]}'s own decode: one model alone, nothing was fused"
+    found = [d for m, single in singles.items() if (d := divergence(trace, single, m)) is not None]
+    if not found:
+        return [], None, ("the opened answer follows every member's own decode" if singles
+                          else "no single-model run of this example to compare with")
+    good = right_models(methods)
+    return found, min(found, key=lambda d: (d.model not in good, d.round)), ""

@@ -4,11 +4,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-from dataclasses import replace
 
 from adafuse import AdaFuse, DecodeConfig, Decoding, Trace
 from adafuse.decoder import LIVE_SETTINGS
@@ -30,11 +29,21 @@ COMPARE_METHODS = {METHODS[run.settings["method"]].label.format(n=run.settings.g
                    for run in parse_methods(list(EVAL_METHODS), ["a", "b"])
                    if METHODS[run.settings["method"]].models[0] > 1 and run.settings["method"] != "adafuse"}
 
+def decode_slots(value: str) -> int:
+    """ADAFUSE_DECODE_SLOTS: how many decodes run at once, a whole number from 1."""
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ConfigError(f"ADAFUSE_DECODE_SLOTS={value!r} is invalid: set a whole number from 1 (decodes at once "
+                          "on this server), or unset it for 2")
+    return int(value)
+
+
+_LIVE = threading.Lock()  # a Run's thread takes the settings a visitor's other handler leaves for it
+
 # The app's models: every visitor's decodes share them (each loaded once; the least recently used unloaded for room)
 MODELS = ModelRegistry()
 # Decodes at once on this server (ADAFUSE_DECODE_SLOTS, default 2: one model already uses both cores of a small CPU
 # box); more visitors wait in line for a slot with a measured estimate, up to DECODE_QUEUE handlers in Gradio's queue
-SLOTS = Slots(max(1, int(os.environ.get("ADAFUSE_DECODE_SLOTS", "2"))))
+SLOTS = Slots(decode_slots(os.environ.get("ADAFUSE_DECODE_SLOTS", "2")))
 DECODE_QUEUE = 16
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
@@ -204,14 +213,30 @@ class Explorer:
         self.branches, self.opened, self.live_config, self.panel = {}, None, None, ""
         return self.decoding
 
+    def offer_live(self, cfg: DecodeConfig) -> tuple[list[str], bool]:
+        """Settings moved while a Run decodes: the live ones (LIVE_SETTINGS) wait in `live_config` for the run to
+        apply them from its next round; the others cannot change mid-decode. Returns (the names of those that cannot,
+        whether a live change waits now)."""
+        base = self.key[1]
+        old, new = base.to_dict(), cfg.to_dict()
+        fixed = [_SETTING_NAMES.get(k, k) for k in new if k not in LIVE_SETTINGS and new[k] != old[k]]
+        live = replace(base, **{k: getattr(cfg, k) for k in LIVE_SETTINGS})
+        with _LIVE:
+            self.live_config = live if live != base else None
+            return fixed, self.live_config is not None
+
     def apply_live(self, d: Decoding) -> str:
         """Between two rounds of a Run: apply the settings moved meanwhile (`live_config`) from the next round;
-        what changed, in words ("" when nothing did)."""
-        cfg, self.live_config = self.live_config, None
+        what changed, in words ("" when nothing did; a setting this decode cannot take says why instead)."""
+        with _LIVE:
+            cfg, self.live_config = self.live_config, None
         if cfg is None or d.done:
             return ""
-        old = (d._next_config or d.config).to_dict()
-        changed = d.reconfigure(cfg)
+        old = self.key[1].to_dict()
+        try:
+            changed = d.reconfigure(cfg)
+        except ConfigError as exc:
+            return f"not applied: {exc}"
         self.key = (self.key[0], cfg, self.key[2])
         return ", ".join(f"{_SETTING_NAMES.get(k, k)} {old[k]} → {v}" for k, v in changed.items())
 

@@ -1,5 +1,4 @@
-"""The divergence analysis as views: where and why an evaluation's ensemble leaves one member (a figure), and one
-divergence as a short HTML block. Pure builders over adafuse.divergence, no Gradio."""
+"""Views of the divergence analysis: where an evaluation's ensemble leaves a member (a figure), one divergence (HTML)."""
 from __future__ import annotations
 
 import html

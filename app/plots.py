@@ -11,7 +11,7 @@ from adafuse.harness.figures import (KIND_COLORS, KIND_NAMES, MODEL_COLORS, cost
 from adafuse.methods import METHODS
 from adafuse.report import candidate_label, cost_rows, round_rows
 from adafuse.selection import selection_rows
-from adafuse.trace import Round, Trace
+from adafuse.trace import Round, Trace, candidate_nll
 
 
 def rounds_frame(trace: Trace | None) -> pd.DataFrame:
@@ -104,11 +104,14 @@ def why_won(trace: Trace, r: Round) -> str:
                                           else "no other span was proposed")
     if c.fused is None or not scored:
         return f"{len(r.candidates)} candidates, chosen without a fused score ({trace.settings.get('method')})"
-    ru = scored[0]
-    per = ", ".join(f"{m} {c.nll[m]:.2f} vs {ru.nll[m]:.2f}" for m in trace.models
-                    if c.nll.get(m) is not None and ru.nll.get(m) is not None)
+    ru, unit = scored[0], trace.settings_at(r.index).get("normalize") or "token"
+    nll = {m: (candidate_nll(c, m, unit), candidate_nll(ru, m, unit)) for m in trace.models}  # as the score took them
+    per = ", ".join(f"{m} {a:.2f} vs {b:.2f}" for m, (a, b) in nll.items() if a is not None and b is not None)
+    weights = trace.round_weights(r.index)
+    weighed = f"; weights {', '.join(f'{m} {w:g}' for m, w in weights.items())}" if len(set(weights.values())) > 1 \
+        else ""
     return (f"beat runner-up “{candidate_label(ru.text, ru.eos)}” by {ru.fused - c.fused:.3f} fused NLL "
-            f"({c.fused:.3f} vs {ru.fused:.3f}; NLL {per})")
+            f"({c.fused:.3f} vs {ru.fused:.3f}; NLL per {unit} {per}{weighed})")
 
 
 def fused_html(trace: Trace | None, pending: Round | None = None, paused: bool = False) -> str:
@@ -142,8 +145,14 @@ def fused_html(trace: Trace | None, pending: Round | None = None, paused: bool =
         stop += f" · read raw (no chat template): {', '.join(raw)}"
     text = "".join(parts) or f"<i>{html.escape(empty_answer_note(trace))}</i>"  # built only for an empty answer
     return (f'<div class="af-out">{text}</div>{_descriptions(tips)}'
-            f'<div class="af-legend">{legend}{" · " if legend else ""}{len(trace.rounds)} rounds · '
-            f'{trace.words} words · {trace.seconds:.1f}s{stop} · Tab through the text for each round\'s details</div>')
+            f'<div class="af-legend">{legend}{" · " if legend else ""}{count(len(trace.rounds), "round")} · '
+            f'{count(trace.words, "word")} · {trace.seconds:.1f}s{stop} · Tab through the text for each round\'s '
+            'details</div>')
+
+
+def count(n: int, noun: str) -> str:
+    """"1 word", "3 words"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def title(trace: Trace) -> str:

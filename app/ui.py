@@ -1,15 +1,14 @@
 """AdaFuse Explorer layout and event wiring (layout first, wiring at the bottom)."""
 from __future__ import annotations
 
-import functools
 import html
 import time
+from dataclasses import replace
 
 import gradio as gr
 import pandas as pd
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
-from adafuse.decoder import LIVE_SETTINGS
 from adafuse.divergence import divergence
 from adafuse.errors import AdafuseError, ConfigError
 from adafuse.gate import load_gate
@@ -19,6 +18,7 @@ from adafuse.report import candidate_label
 from adafuse.stops import format_stops, parse_stops, propose_stops
 
 from . import analysis, api, plots
+from .plots import count
 from .controller import (ASSETS, COMPARE_METHODS, DECODE_QUEUE, EVAL_METHODS, SLOTS, Explorer, device_choices, friendly,
                          load_examples, loaded_frame, remote_code_allowed, stop_note, unload)
 from .divergence_view import divergence_figure, divergence_html
@@ -124,6 +124,7 @@ average wins. Hover a span (or Tab to it): its round, the runner-up and why it w
 
 
 THINKING = {"template default": None, "on": True, "off": False}
+USER = "\0user"  # the stop box holds what the user typed: never replaced by a proposal
 
 
 def gate_choices() -> list[tuple[str, str]]:
@@ -243,7 +244,7 @@ def render(ex: Explorer, status: str = "", selected: int | None = None, export: 
     )
 
 
-STATUS_AT = 10  # where the status sits in render()'s tuple
+STATUS_AT, CANCEL_AT = 10, 14  # where the status and the Cancel button sit in render()'s tuple
 
 
 def only_status(text: str | None = None) -> tuple:
@@ -275,40 +276,48 @@ def _example_note(prompt_text, mode, stop, max_words) -> str:
             f"{int(max_words)}** (settings panel). Press ▶ Run or Step ›.")
 
 
-def count(n: int, noun: str) -> str:
-    """"1 word", "3 words"."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+def restored(st: dict, n_models: int) -> list:
+    """The page's values for a trace's settings, in the order of build_demo's `restorable`: an opened example Runs
+    again as it was decoded (its method aside: the page decodes AdaFuse)."""
+    gates = {path for _, path in gate_choices()}
+    weights = list(st.get("weights") or ()) or [1.0] * n_models
+    return [st.get("mode", "raw"), format_stops(st.get("stop", ())), st.get("tau", 0.7), st.get("max_words", 3),
+            st.get("branches", 3), st.get("diversity", True), st.get("exploration", "surface"),
+            st.get("explore_lambda", 1.0), st.get("max_new_words", 40), st.get("max_new_tokens", 1024),
+            bool(st.get("speculate", False)),
+            next((k for k, v in NORMALIZE.items() if v == st.get("normalize", "token")), next(iter(NORMALIZE))),
+            st.get("gate", "") if st.get("gate", "") in gates else "", st.get("system", ""),
+            *[weights[i] if i < len(weights) else 1.0 for i in range(MAX_MODELS)]]
 
 
-def in_slot(fn):
-    """A decode handler (generator) that first waits for one of the server's decoding slots (`SLOTS`), telling the
-    visitor their place in line and a measured estimate; the slot is given back however the handler ends."""
-    @functools.wraps(fn)
-    def run(ex, *args):
-        ex = ex or Explorer()
-        ticket = SLOTS.ticket()
+def in_line(ex: Explorer, kind: str):
+    """Wait for one of the server's decoding slots (`SLOTS`), a generator: yields the visitor's place in line and a
+    measured estimate (Cancel live: it leaves the line), then returns the ticket holding the slot — None when Cancel
+    or Reset left the line. A handler closed while waiting (Reset) leaves it too."""
+    ticket = SLOTS.ticket(kind)
+    try:
+        while not SLOTS.try_take(ticket):
+            if ex.cancel_requested:
+                SLOTS.release(ticket)
+                return None
+            out = list(only_status(SLOTS.note(ticket)))
+            out[CANCEL_AT] = gr.update(interactive=True)
+            yield (ex, *out)
+            time.sleep(1)
+    except GeneratorExit:
+        SLOTS.release(ticket)
+        raise
+    return ticket
+
+
+def take_slot(ex: Explorer, kind: str) -> int | None:
+    """`in_line` for a handler that returns once (Step): it waits without a status of its own."""
+    waiting = in_line(ex, kind)
+    while True:
         try:
-            while not SLOTS.try_take(ticket):
-                yield (ex, *only_status(SLOTS.note(ticket)))
-                time.sleep(1)
-            yield from fn(ex, *args)
-        finally:
-            SLOTS.release(ticket)
-    return run
-
-
-def in_slot_blocking(fn):
-    """`in_slot` for a handler that returns once (Step): it waits for its slot without a status of its own."""
-    @functools.wraps(fn)
-    def run(*args):
-        ticket = SLOTS.ticket()
-        try:
-            while not SLOTS.try_take(ticket):
-                time.sleep(0.5)
-            return fn(*args)
-        finally:
-            SLOTS.release(ticket)
-    return run
+            next(waiting)
+        except StopIteration as done:
+            return done.value
 
 
 def build_demo() -> gr.Blocks:
@@ -432,10 +441,9 @@ def build_demo() -> gr.Blocks:
                     normalize = gr.Radio(list(NORMALIZE), value="per word", elem_id="af-normalize",
                                          label="Each model's NLL of a candidate, averaged",
                                          info="Per word here by default: per token (the paper; the CLI's default) "
-                                              "lets a word with a near-certain tail beat a likelier one — on a bare "
-                                              "\"Question: Who wrote Hamlet?\\nAnswer:\" the pair then writes "
-                                              "\" 1. 2. 3. …\" (\" 1.\" 1.67 vs \" Shakespeare\" 3.21). Per word "
-                                              "counts a word's whole NLL (the end of the answer is one word).")
+                                              "lets a word with a near-certain tail (\" 1.\": an unsure \" 1\", a sure "
+                                              "\".\") beat a likelier word; per word counts a word's whole NLL (the "
+                                              "end of the answer is one word).")
                     gate = gr.Dropdown(gate_choices(), value="", label="Learned gate (per-round weights)",
                                        info="Weights each round from what the models show (margin, entropy, "
                                             "confidence, own NLL, position); replaces the sliders. Trained for "
@@ -499,9 +507,12 @@ def build_demo() -> gr.Blocks:
 
         outputs = [fused, compare_view, margins_plot, pool_plot, wpr_plot, rounds_df, cost_df, cost_plot, round_sel,
                    choice, status, download, loaded_df, unload_pick, cancel_btn, tree_view, picks_df, example_view]
-        assert outputs[STATUS_AT] is status
+        assert outputs[STATUS_AT] is status and outputs[CANCEL_AT] is cancel_btn
         settings = [models, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens,
                     mode, stop, system, thinking, speculate, normalize, gate, *weights]
+        # what opening an evaluated example sets back to the settings it was decoded with (`restored`)
+        restorable = [mode, stop, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens,
+                      speculate, normalize, gate, system, *weights]
         api.register()  # /decode and /models for gradio_client
 
         # ---- wiring ----
@@ -533,13 +544,13 @@ def build_demo() -> gr.Blocks:
                 return (ex.replaced_by, *render(ex.replaced_by, "↺ reset"))
             return (ex, *render(ex, status, **kw))
 
-        @in_slot
         def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, picked, *s):
             ex = ex or Explorer()
             ex.trust_remote_code = bool(allow)
             if ex.running:
                 yield (ex, *only_status("A decode is already running in this session: wait, or press ■ Cancel."))
                 return
+            ticket = None
             try:
                 cfg = _settings(*s)
                 kind, what = ex.plan(names, cfg, prompt_text, dev)
@@ -547,6 +558,11 @@ def build_demo() -> gr.Blocks:
                     yield (ex, *render(ex, _confirm(ex, kind, what, "▶ Run")))
                     return
                 ex.running, ex.cancel_requested, ex.live_config = True, False, None
+                ticket = yield from in_line(ex, "run")
+                if ticket is None:
+                    ex.running = False
+                    yield shown(ex, "■ left the line: nothing was decoded")
+                    return
                 for i, n, spec, lm, secs in ex.load_each(names, dev):  # a cold start says which model it is on
                     if lm is None:
                         yield shown(ex, f"… loading model {i} of {n}: {html.escape(spec)}", export=False)
@@ -589,9 +605,9 @@ def build_demo() -> gr.Blocks:
                 yield shown(ex, "") if ex.replaced_by else (ex, *_error(ex, exc))
             finally:  # also when Reset closes this run
                 ex.running = False
+                SLOTS.release(ticket)
 
         @gpu
-        @in_slot_blocking
         def on_step(ex, names, dev, allow, prompt_text, picked, *s):
             ex = ex or Explorer()
             ex.trust_remote_code = bool(allow)
@@ -600,11 +616,16 @@ def build_demo() -> gr.Blocks:
                 gr.Warning(msg)
                 return (ex, *only_status(msg))
             ex.running, ex.cancel_requested = True, False  # Run, Branch, loading wait; Cancel waits for the phase
+            ticket = None
             try:
                 cfg = _settings(*s)
                 kind, what = ex.plan(names, cfg, prompt_text, dev)
                 if kind in ("confirm", "replace"):
                     return (ex, *render(ex, _confirm(ex, kind, what, "Step ›")))
+                ticket = take_slot(ex, "step")
+                if ticket is None:
+                    ex.running = False
+                    return shown(ex, "■ left the line: nothing was stepped")
                 before = ex.decoding
                 d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
                 fresh = d is not before
@@ -612,7 +633,7 @@ def build_demo() -> gr.Blocks:
                     r = d.commit(int(picked) if picked is not None else None)
                     note = f"committed round {r.index}" + (" (your override)" if r.overridden else "")
                 else:
-                    note = "started"
+                    note = "started" if fresh else f"continued from round {len(d.trace.rounds)}"
                 if what and not fresh:
                     note += f" · {what} from round {d.trace.changes[-1]['from_round']}"
                 if ex.cancel_requested:  # Cancel pressed while this step ran
@@ -630,6 +651,7 @@ def build_demo() -> gr.Blocks:
                 return (ex, *_error(ex, exc))
             finally:
                 ex.running = False
+                SLOTS.release(ticket)
 
         def on_cancel(ex):
             ex = ex or Explorer()
@@ -640,14 +662,19 @@ def build_demo() -> gr.Blocks:
                                     "starts over" if ex.trace else "nothing is running"))
 
         @gpu
-        @in_slot
         def on_branch(ex, r_idx, c_idx):
             ex = ex or Explorer()
             if ex.running:
                 yield (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before branching."))
                 return
+            ticket = None
             try:
                 ex.running, ex.cancel_requested = True, False
+                ticket = yield from in_line(ex, "branch")
+                if ticket is None:
+                    ex.running = False
+                    yield shown(ex, "■ left the line: nothing was branched")
+                    return
                 yield (ex, *render(ex, f"… branching from round {r_idx}: deciding the rounds before it again",
                                    export=False))
                 for label, d in ex.branch(r_idx, c_idx):
@@ -661,6 +688,7 @@ def build_demo() -> gr.Blocks:
                 yield (ex, *_error(ex, exc))
             finally:
                 ex.running = False
+                SLOTS.release(ticket)
 
         @gpu
         def on_tokens(ex, r_idx, c_idx):
@@ -705,12 +733,13 @@ def build_demo() -> gr.Blocks:
                                     "normalize": NORMALIZE.get(norm, norm)}, dev)
                 table = analysis.example_table(rows)
                 labels = sorted({r["method"] for r in rows})
-                members = [m.removeprefix(analysis.SINGLE) for m in labels if m.startswith(analysis.SINGLE)]
+                members = analysis.members(rows)
                 wrong = sum(analysis.WRONG_BUT_MEMBER in r["labels"] for r in table)
                 first = next((r["line"] for r in table if analysis.WRONG_BUT_MEMBER in r["labels"]),
                              table[0]["line"] if table else None)
                 return (ex, f"✓ {len(table)} examples × {len(labels)} methods on {task_name}; {wrong} where the "
-                            f"ensemble is wrong and a member right (right: {analysis.rule(task_name)})",
+                            f"ensemble is wrong and a member right (right: {analysis.rule(task_name)}; NLL averaged "
+                            f"{norm}, as set under Model weights)",
                         pd.DataFrame(summarize(rows)), gr.update(value=analysis.ALL),
                         gr.update(value=pd.DataFrame(table), column_widths=analysis.column_widths(table)),
                         gr.update(value=ex.export_examples(), interactive=True),
@@ -740,41 +769,31 @@ def build_demo() -> gr.Blocks:
 
         def on_open(ex, line, method):
             ex = ex or Explorer()
-            keep = [gr.update()] * 12
+            keep = [gr.update()] * (4 + len(restorable))
             if ex.running:
                 return (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before opening an example."), *keep)
             try:
                 methods = ex.open_example(int(line or 0), method)
                 t = ex.trace
-                found = [(m, divergence(t, single, m)) for m, single in ex.singles.items()] if len(t.models) > 1 \
-                    else []
-                found = [(m, d) for m, d in found if d is not None]
-                right = {m for m, r in methods.items() if analysis.right(r)}
-                # the member to look at first: one that was right where the opened answer is wrong, else the earliest
-                focus = min(found, key=lambda md: (f"{analysis.SINGLE}{md[0]}" not in right, md[1].round), default=None)
-                notes = [d.sentence() for _, d in found] or ["the opened answer follows every member's own decode"
-                                                             if ex.singles else "no single-model run to compare with"]
-                selected = focus[1].round if focus else None
-                ex.panel = analysis.example_html(methods, method) + "".join(divergence_html(d) for _, d in found)
-                st = t.settings
+                found, focus, note = analysis.departures_of(t, ex.singles, methods)
+                selected = focus.round if focus else None
+                ex.panel = analysis.example_html(methods, method) + "".join(divergence_html(d) for d in found)
                 out = render(ex, f"📂 example {int(line)} / {html.escape(method)}: {count(len(t.rounds), 'round')} · "
-                                 + html.escape(notes[0] if focus is None else focus[1].sentence()), selected=selected)
+                                 + html.escape(focus.sentence() if focus else note), selected=selected)
                 jump = selected if selected is not None else 0
-                chosen = t.rounds[jump].chosen if t.rounds else 0
-                return (ex, *out, t.prompt, st.get("mode", "raw"), format_stops(st.get("stop", ())),
-                        st.get("tau", 0.7), st.get("max_words", 3), st.get("branches", 3),
-                        st.get("max_new_words", 40), st.get("max_new_tokens", 1024),
-                        next((k for k, v in NORMALIZE.items() if v == st.get("normalize", "token")), "per token"),
-                        jump, chosen,
+                cand = (focus.member if focus and focus.member is not None else t.rounds[jump].chosen) if t.rounds \
+                    else 0
+                return (ex, *out, t.prompt, *restored(t.settings, len(t.models)), jump, cand,
                         gr.update(selected="pool" if focus else "compare"))
             except Exception as exc:  # noqa: BLE001
                 return (ex, *_error(ex, exc), *keep)
 
         def on_prompt(text, mode_v, stop_v, proposed):
-            """Raw mode: stop strings proposed from the prompt, unless the stop box holds the user's own."""
-            if mode_v != "raw" or (stop_v or "").strip() and stop_v != proposed:
+            """Raw mode: stop strings proposed from the prompt, unless the stop box holds the user's own (`USER`:
+            the user edited it, even to empty); chat mode drops a proposal (a chat answer spans lines)."""
+            if proposed == USER or (stop_v or "") != (proposed or ""):
                 return gr.update(), proposed
-            new = format_stops(propose_stops(text or ""))
+            new = format_stops(propose_stops(text or "")) if mode_v == "raw" else ""
             return new, new
 
         def on_live(ex, *s):
@@ -784,15 +803,16 @@ def build_demo() -> gr.Blocks:
                 return
             try:
                 cfg = _settings(*s)
-                old, new = ex.key[1].to_dict(), cfg.to_dict()
-                fixed = [k for k in new if k not in LIVE_SETTINGS and new[k] != old[k]]
-                if fixed:
-                    gr.Warning(f"{', '.join(fixed)} cannot change during a Run: it applies to the next decode")
-                ex.live_config = cfg if not fixed else None
-                if not fixed:
-                    gr.Info("applies from the next round (marked on the Margins chart)", duration=3)
+                if cfg.gate and cfg.gate != ex.key[1].gate:  # a gate brings the averaging it was trained with
+                    cfg = replace(cfg, normalize=load_gate(cfg.gate).normalize)
+                fixed, waits = ex.offer_live(cfg)
             except Exception as exc:  # noqa: BLE001
                 gr.Warning(friendly(exc))
+                return
+            if fixed:
+                gr.Warning(f"{', '.join(fixed)} cannot change during a Run: it applies to the next decode")
+            if waits:
+                gr.Info("applies from the next round (marked on the Margins chart)", duration=3)
 
         refresh = [loaded_df, unload_pick]
         hidden = dict(api_visibility="private")  # only /decode and /models are the app's API (app/api.py)
@@ -813,13 +833,13 @@ def build_demo() -> gr.Blocks:
         eval_table.select(on_pick_row, None, [open_line], show_progress="hidden", **hidden)
         div_member.input(on_member, [state, div_member], [div_plot], **hidden)
         open_btn.click(on_open, [state, open_line, open_method],
-                       [state, *outputs, prompt, mode, stop, tau, max_words, branches, max_new_words,
-                        max_new_tokens, normalize, tok_round, tok_cand, view_tabs], **hidden).then(
+                       [state, *outputs, prompt, *restorable, tok_round, tok_cand, view_tabs], **hidden).then(
             None, js=TO_VIEWS, **hidden)
-        proposed = gr.State("")  # the stop strings last proposed from the prompt (the user's own are kept)
+        proposed = gr.State("")  # the stop strings last proposed from the prompt (USER: the box is the user's own)
         for trigger in (prompt.input, mode.input):
             trigger(on_prompt, [prompt, mode, stop, proposed], [stop, proposed], show_progress="hidden",
                     trigger_mode="always_last", **hidden)
+        stop.input(lambda: USER, None, [proposed], show_progress="hidden", **hidden)
         for c in (tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
                   system, thinking, speculate, normalize, gate, *weights):
             c.input(on_live, [state, *settings], None, show_progress="hidden", trigger_mode="always_last",

@@ -86,3 +86,17 @@ def test_one_example_opens_with_its_members_beside_it(rows):
         analysis.example_rows(rows, 99)
     with pytest.raises(ConfigError, match="did not run"):
         analysis.split(methods, "mixture")
+
+
+def test_members_placed_on_a_device_are_named_as_their_traces_name_them(rows):
+    for r in rows:  # the Evaluate tab with "Device for all models": greedy:a@cpu, whose trace says "a"
+        if r["method"].startswith("greedy:"):
+            r["method"] += "@cpu"
+    methods = analysis.example_rows(rows, 10)
+    trace, singles, _ = analysis.split(methods, "adafuse")
+    assert set(singles) == {"a", "b"} and analysis.members(rows) == ["a", "b"]
+    assert analysis.right_models(methods) == {"a"}
+    found, focus, note = analysis.departures_of(trace, singles, methods)
+    assert all(d.model in ("a", "b") for d in found) and (focus is None) == (not found) and bool(note) == (not found)
+    solo, _, _ = analysis.split(methods, "greedy:a@cpu")
+    assert analysis.departures_of(solo, {}, methods)[2] == "a's own decode: one model alone, nothing was fused"

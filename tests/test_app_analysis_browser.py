@@ -119,7 +119,7 @@ def test_a_newcomers_raw_prompt_gets_a_stop_string_and_stops_after_the_answer(pa
         assert f"· {seconds}s" in pg.locator("#af-compare .af-col").first.inner_text()
         pg.locator("#af-fused .af-span").first.focus()
         tip = pg.evaluate("() => document.activeElement.dataset.tip || ''")
-        assert "runner-up" in tip or "the only candidate" in tip, tip  # why it won
+        assert "beat runner-up “" in tip and "fused NLL" in tip and "NLL per word" in tip, tip  # why it won
         pg.screenshot(path=str(SHOTS / "newcomer-1280x800.png"))
     finally:
         pg.set_viewport_size({"width": 1400, "height": 1000})

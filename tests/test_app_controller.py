@@ -195,7 +195,12 @@ def test_an_opened_trace_asks_before_a_run_replaces_it_and_a_moved_setting_appli
     assert ex.plan(["a", "b"], cfg, "Q") == ("new", "")  # pressed again: confirmed
     d = AdaFuse(list(toy_pair()), cfg).start("Q")
     ex.decoding, ex.trace, ex.key, ex.opened = d, d.trace, (("a", "b"), cfg, "Q"), None
-    ex.live_config = replace(cfg, tau=0.3)  # moved during a Run: the run applies it between two rounds
+    # moved during a Run: the run applies the live part between two rounds; the prompt mode waits for a new decode
+    assert ex.offer_live(replace(cfg, tau=0.3, mode="chat")) == (["the prompt mode"], True)
     assert ex.apply_live(d) == "τΔ 0.7 → 0.3" and ex.live_config is None and ex.key[1].tau == 0.3
     assert d.trace.changes == [{"from_round": 0, "settings": {"tau": 0.3}}]
     assert ex.apply_live(d) == ""
+    assert ex.offer_live(replace(cfg, tau=0.3, weights=(1.0, 2.0, 3.0))) == ([], True)  # three weights, two models
+    assert ex.apply_live(d).startswith("not applied: weights has 3 values for 2 models")  # said, the run goes on
+    with pytest.raises(ConfigError, match="ADAFUSE_DECODE_SLOTS='two'"):
+        controller.decode_slots("two")

@@ -170,3 +170,24 @@ def test_pool_view_draws_nll_per_word_when_the_score_averaged_per_word():
     # " blue.\n" ends the answer: b's 3 tokens of NLL 1.0 over 1 word + the end
     assert bars["NLL per word b"] == pytest.approx([0.5, 0.4, 1.5])
     assert "per word" in fig.layout.yaxis.title.text
+
+
+def test_hover_tips_say_why_a_round_won_and_a_single_model_is_titled_as_alone():
+    from adafuse.trace import Trace
+    t = two_rounds()
+    r1 = t.rounds[1]
+    assert plots.why_won(t, t.rounds[0]) == "the only candidate: every model was confident (Δ ≥ τΔ)"
+    assert plots.why_won(t, r1) == "your pick; the scores preferred “ is”"
+    r1.chosen, r1.overridden = 0, False
+    assert plots.why_won(t, r1) == ("beat runner-up “ was” by 0.900 fused NLL (0.300 vs 1.200; NLL per token "
+                                    "a 0.10 vs 2.00, b 0.50 vs 0.40)")
+    t.settings["normalize"] = "word"  # the NLLs as the fused score took them: per word, the end counted as a word
+    r1.weights = {"a": 1.0, "b": 3.0}
+    assert "NLL per word a 0.10 vs 2.00, b 0.50 vs 0.40; weights a 1, b 3" in plots.why_won(t, r1)
+    alone = Trace("Q", ["a"], {"method": "greedy"}, {"a": "raw"}, [t.rounds[0]], " The sky")
+    assert plots.title(alone) == "a alone (greedy)" and plots.title(t) == "AdaFuse (fused)"
+    html_ = plots.fused_html(alone)
+    assert "written by a alone" in html_ and "committed by confident models" not in html_
+    assert "own next word (one model, greedy)" in html_ and "1 round · 2 words" in html_
+    assert "paused: Step › or ▶ Run continues" in plots.fused_html(t, paused=True)
+    assert "paused" not in plots.fused_html(t)

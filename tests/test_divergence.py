@@ -12,7 +12,7 @@ from adafuse import AdaFuse, DecodeConfig, TraceError, greedy
 from adafuse.divergence import (as_trace, departures, divergence, divergences, keep_weight, round_departures,
                                 trace_dict, wins)
 from adafuse.harness.evaluate import read_rows
-from adafuse.trace import Candidate, ModelStep, Round, Trace, Unscored, fused_score
+from adafuse.trace import Candidate, ModelStep, Round, Trace, Unscored, fused_score, lowest
 from adafuse.words import count_words
 from experiments.report_weights import departures_table
 from tests.toy import toy_pair
@@ -28,7 +28,7 @@ def cand(text, nll, eos=False, n_tokens=None, proposers=(), notes=None, words=No
 
 
 def winner(cands):
-    return min(range(len(cands)), key=lambda i: (cands[i].fused is None, cands[i].fused or 0.0, i))
+    return lowest([c.fused for c in cands])
 
 
 def rnd(index, cands, proposals, chosen=None, weights=None, normalize="token", features=None):
