@@ -87,7 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", type=Path, default=DEFAULT_DATA,
                     help="folder holding nq/, triviaqa/, squad/, gsm8k/, flores/ ($ADAFUSE_DATA, else ../shared/data, "
                          "else the 20-example sample in assets/data)")
-    ev.add_argument("--limit", type=int, default=20, help="first N examples of the file")
+    ev.add_argument("--limit", type=int, help="first N examples of the file (default 20; with --lines: of that range, "
+                                              "default all of it)")
+    ev.add_argument("--lines", metavar="FIRST-LAST",
+                    help="only these data lines, both ends included: 1-50 are the reported ones, 51-100 the validation "
+                         "lines, 101 on training (gate search/train); resumes like any run")
     ev.add_argument("--methods", nargs="+", default=["adafuse", "greedy"], metavar="METHOD",
                     help="adafuse, beam, token-union, mixture, fixed-span-N, greedy (each model alone), greedy:MODEL; "
                          "settings in brackets: adafuse[branches=5,tau=0.5,diversity=false]")
@@ -108,10 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
 def run_eval(args) -> int:
     from .harness.evaluate import evaluate, parse_methods, write_summary
     from .models import ModelRegistry
-    from .harness.tasks import TASKS, data_source
+    from .harness.tasks import TASKS, data_source, parse_lines
     if args.limit is not None and args.limit < 1:
         from .errors import ConfigError
         raise ConfigError(f"--limit {args.limit} is invalid: use 1 or more")
+    lines = parse_lines(args.lines) if args.lines else None
+    limit = args.limit if args.limit is not None or lines else 20
     base = {k: v for k, v in (("tau", args.tau), ("max_words", args.max_words), ("branches", args.branches),
                               ("max_new_words", args.max_new_words),
                               ("weights", tuple(args.weights) if args.weights else None)) if v is not None}
@@ -121,9 +127,9 @@ def run_eval(args) -> int:
     DecodeConfig(**base)  # validate before loading anything
     runs = parse_methods(args.methods, args.models)
     print(f"data: {data_source(args.data)}", file=sys.stderr)
-    out = evaluate(TASKS[args.task], runs, args.out, args.data, args.limit, base, args.on_bad_line,
+    out = evaluate(TASKS[args.task], runs, args.out, args.data, limit, base, args.on_bad_line,
                    progress=not args.no_progress, trust_remote_code=args.trust_remote_code,
-                   registry=ModelRegistry())  # this command's models
+                   registry=ModelRegistry(), lines=lines)  # this command's models
     md, csv_path = write_summary(args.out)
     print(f"\nper-example results: {out}\nsummary: {md}, {csv_path}")
     return 0
@@ -137,7 +143,8 @@ def run(args) -> int:
     from .ensemble import AdaFuse, greedy
     from .models import ModelRegistry
     from .report import cost_rows, format_table, round_rows
-    from .errors import ConfigError, PromptError
+    from .errors import PromptError
+    from .stops import parse_stops
     if args.prompt_file:
         try:
             prompt = args.prompt_file.read_text(encoding="utf-8")
@@ -150,7 +157,7 @@ def run(args) -> int:
     cfg = DecodeConfig(tau=args.tau, max_words=args.max_words, branches=args.branches, diversity=not args.no_diversity,
                        method=args.method, span_words=args.span_words, mode=args.mode,
                        max_new_words=args.max_new_words, max_new_tokens=args.max_new_tokens,
-                       max_word_tokens=args.max_word_tokens, stop=tuple(_unescape(s) for s in args.stop),
+                       max_word_tokens=args.max_word_tokens, stop=tuple(x for s in args.stop for x in parse_stops(s)),
                        system=_unescape(args.system), thinking=args.thinking, weights=tuple(args.weights), gate=args.gate,
                        speculate=args.speculate, draft_lookup=not args.no_draft_lookup, normalize=args.normalize)
     if not prompt.strip():

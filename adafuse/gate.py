@@ -14,7 +14,8 @@ decode time the lowest gated score wins, as always.
 
 A gate file is JSON: the models and features it was trained for, W, b, and how it was trained (with
 `trained.normalize`, how candidates' NLLs were averaged, when not per token). It refuses other models, or the
-other averaging, with a `GateError` naming both.
+other averaging, with a `GateError` naming both. It may also say how the gate did on examples it was not tuned on
+(`validated`, written by a validation script; shape: `check_validated`), which a menu can show beside it.
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class Gate:
     features: list[str] = field(default_factory=lambda: list(FEATURES))
     trained: dict = field(default_factory=dict)  # how: tasks, examples, steps, seed, reward ...
     path: str = ""
+    validated: dict = field(default_factory=dict)  # its scores on lines nobody tuned on (`check_validated`); {}: none
 
     @classmethod
     def zeros(cls, models: list[str]) -> "Gate":
@@ -99,12 +101,24 @@ class Gate:
                             f"that order), not {', '.join(names)}: pick those models, train a gate for these "
                             "(python -m adafuse gate train), or decode without a gate")
 
+    @property
+    def helps(self) -> bool | None:
+        """Whether its validation found it better than equal weights (by the rule recorded with the numbers); None
+        when it was never validated."""
+        return bool(self.validated["helps"]) if self.validated else None
+
+    @property
+    def summary(self) -> str:
+        """One line on how it did on unseen examples, for a menu; "not validated" when it never was."""
+        return str(self.validated["summary"]) if self.validated else "not validated"
+
     def to_dict(self) -> dict:
         return {"version": GATE_VERSION, "models": self.models, "features": self.features, "W": self.W, "b": self.b,
-                "trained": self.trained}
+                "trained": self.trained, **({"validated": self.validated} if self.validated else {})}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False, ensure_ascii=False) + "\n",
+                              encoding="utf-8")
 
 
 def stack(models: list[str], feats: dict[str, list[float]]) -> torch.Tensor:
@@ -114,6 +128,49 @@ def stack(models: list[str], feats: dict[str, list[float]]) -> torch.Tensor:
 def gate_weights(W: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """n · softmax(W x + b): weights that average to 1 (zeros → every weight 1)."""
     return W.shape[0] * torch.softmax(W @ x + b, dim=-1)
+
+
+def _number(d: dict, key: str, where: str) -> float:
+    v = d.get(key) if isinstance(d, dict) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"validated: {where}{key} must be a number, not {v!r}")
+    return float(v)
+
+
+def check_validated(v) -> dict:
+    """The shape of a gate's validation record, or a ValueError naming what is wrong:
+    {"lines": "51-100", "tasks": {TASK: {"metric": str, "n": int, "gate": num, "equal": num,
+    "best_single": {"model": str, "score": num}, "vs_equal": {"diff", "low", "high"}, "vs_best_single": {...}}},
+    "helps": bool, "summary": str} — scores on the task's main metric; differences are the gate minus the other, with
+    a 95 % interval (low ≤ diff ≤ high). Other keys (how it was decoded, pooled numbers, the rule) are kept as is."""
+    if not isinstance(v, dict):
+        raise ValueError(f"validated must be an object, not {type(v).__name__}")
+    lines = v.get("lines")
+    lo, _, hi = str(lines).partition("-")
+    if not isinstance(lines, str) or not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
+        raise ValueError(f"validated: lines must read FIRST-LAST, e.g. '51-100', not {lines!r}")
+    if not isinstance(v.get("helps"), bool) or not isinstance(v.get("summary"), str) or not v["summary"].strip():
+        raise ValueError("validated: helps must be true or false and summary a non-empty line")
+    tasks = v.get("tasks")
+    if not isinstance(tasks, dict) or not tasks:
+        raise ValueError("validated: tasks must map each task to its numbers")
+    for task, t in tasks.items():
+        where = f"tasks.{task}."
+        if not isinstance(t, dict) or not isinstance(t.get("metric"), str):
+            raise ValueError(f"validated: {where}metric must name the task's metric")
+        if isinstance(t.get("n"), bool) or not isinstance(t.get("n"), int) or t["n"] < 1:
+            raise ValueError(f"validated: {where}n must be a count of examples, not {t.get('n')!r}")
+        _number(t, "gate", where), _number(t, "equal", where)
+        best = t.get("best_single")
+        if not isinstance(best, dict) or not isinstance(best.get("model"), str):
+            raise ValueError(f"validated: {where}best_single must name a model and its score")
+        _number(best, "score", where + "best_single.")
+        for key in ("vs_equal", "vs_best_single"):
+            d = t.get(key)
+            low, diff, high = (_number(d, k, f"{where}{key}.") for k in ("low", "diff", "high"))
+            if not low <= diff <= high:
+                raise ValueError(f"validated: {where}{key} must have low <= diff <= high, not {low}, {diff}, {high}")
+    return v
 
 
 def load_gate(path: str | Path) -> Gate:
@@ -141,4 +198,9 @@ def load_gate(path: str | Path) -> Gate:
             raise ValueError("W and b must be finite numbers")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise GateError(f"{path} is not a usable gate file: {exc}") from exc
-    return Gate(models, W, b, list(FEATURES), dict(raw.get("trained") or {}), str(path))
+    try:
+        validated = check_validated(raw["validated"]) if "validated" in raw else {}
+    except ValueError as exc:
+        raise GateError(f"{path} has a malformed validation record ({exc}): write it again with the script that "
+                        "validated the gate, or delete the \"validated\" entry") from exc
+    return Gate(models, W, b, list(FEATURES), dict(raw.get("trained") or {}), str(path), dict(validated))

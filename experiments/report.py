@@ -21,6 +21,7 @@ from adafuse.trace import TRACE_VERSION
 
 from .report_exploration import exploration_section
 from .report_weights import PER_TASK, per_task_rows, weights_section
+from .validate_gates import validation_section
 
 # the paper's share of AdaFuse rounds that commit 1/2/3 words, per task
 PAPER_WPR = {"nq": (80.29, 15.53, 4.18), "squad": (57.64, 21.27, 21.09), "flores-de-en": (34.02, 19.89, 46.09)}
@@ -99,7 +100,7 @@ def _empties(rows, results: Path, order, tasks, singles, obs) -> list[str]:
 
 
 def build(results: Path, docs: Path) -> Path:
-    """Write DOCS/results.md and DOCS/figures/ from the rows in RESULTS (and its gate/ and v1/ folders)."""
+    """Write DOCS/results.md and DOCS/figures/ from the rows in RESULTS (and its gate/, validation/ and v1/ folders)."""
     rows = load_results(results)
     composed, per_task = per_task_rows(rows, results)
     rows += composed
@@ -165,6 +166,7 @@ def build(results: Path, docs: Path) -> Path:
             ""]
 
     out += weights_section(rows, per_ex, summary, table, tasks, singles, results, figs, obs, per_task)
+    out += validation_section(results, obs)
     avg = {r["method"]: r["average"] for r in table if r.get("average") is not None}  # methods run on every task
     if "adafuse" in avg and singles:
         best_single = max(singles, key=lambda m: avg.get(m) or -1)

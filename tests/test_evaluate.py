@@ -75,3 +75,43 @@ def test_eval_cli_writes_incrementally_and_resumes(tmp_path, capsys):
     assert main(args[:-5] + ["--methods", "vote", "--out", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err
     assert "unknown method" in err and "Traceback" not in err
+
+
+@pytest.mark.unit
+def test_evaluate_runs_a_line_range_and_resumes_it(tmp_path):
+    """`lines`: only those data lines are decoded, each row keyed by its line; a wider range later decodes only the
+    lines not done yet, and nothing at all loads models when every line is done."""
+    from adafuse.harness.evaluate import evaluate
+    from adafuse.harness.tasks import TASKS
+    from tests.toy_tasks import ToyRegistry, toy_data, toy_qa_pair
+    data = toy_data(tmp_path / "data", {(51, 52): "London"}, lines=60)
+    reg = ToyRegistry(*toy_qa_pair())
+    runs = parse_methods(["adafuse", "heavy=adafuse[weights=1/9]"], ["a", "b"])
+    out = evaluate(TASKS["nq"], runs, tmp_path / "out", data, None, progress=False, registry=reg, lines=(51, 52))
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["line"], r["method"], r["prediction"], r["scores"]["em"]) for r in rows] == [
+        (51, "adafuse", "Paris", 0.0), (51, "heavy", "London", 1.0), (52, "adafuse", "Paris", 0.0),
+        (52, "heavy", "London", 1.0)]
+    evaluate(TASKS["nq"], runs, tmp_path / "out", data, 1, progress=False, registry=reg, lines=(53, 60))
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["line"] for r in rows] == [51, 51, 52, 52, 53, 53]
+    assert [r["scores"]["em"] for r in rows[-2:]] == [1.0, 0.0]  # line 53's gold is "Paris": equal weights are right
+    reg.asked.clear()
+    evaluate(TASKS["nq"], runs, tmp_path / "out", data, None, progress=False, registry=reg, lines=(51, 53))
+    assert reg.asked == [] and len(out.read_text().splitlines()) == 6
+
+
+@pytest.mark.unit
+def test_eval_cli_reads_a_line_range(monkeypatch, tmp_path, capsys):
+    """--lines reaches evaluate; a malformed range is a message, not a stack trace; without it --limit is 20."""
+    from adafuse.harness import evaluate as ev
+    seen = []
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: seen.append((a[4], k["lines"])) or tmp_path / "nq.jsonl")
+    monkeypatch.setattr(ev, "write_summary", lambda out: (out / "summary.md", out / "summary.csv"))
+    base = ["eval", "--task", "nq", "--out", str(tmp_path), "--no-progress"]
+    assert main([*base, "--lines", "51-100"]) == 0 and main(base) == 0
+    assert main([*base, "--lines", "51-60", "--limit", "3"]) == 0
+    assert seen == [(None, (51, 100)), (20, None), (3, (51, 60))]
+    assert main([*base, "--lines", "60-51"]) == 2
+    err = capsys.readouterr().err
+    assert "FIRST-LAST" in err and "Traceback" not in err

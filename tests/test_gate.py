@@ -123,3 +123,47 @@ def test_shipped_gates_are_for_the_bundled_pair_and_trained_on_held_out_lines():
         g = load_gate(path)
         assert g.models == list(DEFAULT_PAIR) and g.parameters <= 300
         assert g.trained["offset"] > 50 and all(c["line"] >= g.trained["offset"] for c in g.trained["curve"])
+
+
+def validated_record() -> dict:
+    diff = {"diff": -9.1, "low": -20.7, "high": -0.6, "wins": 1, "ties": 20, "losses": 4}
+    return {"lines": "51-75", "planned_lines": "51-100", "complete": False, "helps": False,
+            "summary": "experimental: −9.1 F1 vs equal weights on 25 unseen SQuAD lines",
+            "tasks": {"squad": {"metric": "f1", "n": 25, "gate": 27.6, "equal": 36.7,
+                                "best_single": {"model": "b", "score": 30.0}, "vs_equal": diff,
+                                "vs_best_single": {**diff, "diff": -2.4, "low": -8.0, "high": 3.0}}}}
+
+
+def test_a_gate_keeps_its_validation_record_and_its_shape_is_checked(tmp_path):
+    """The numbers a menu shows beside a gate come from its file: kept on load and save, their shape checked."""
+    g = Gate.zeros(["a", "b"])
+    assert g.helps is None and g.summary == "not validated" and "validated" not in g.to_dict()
+    g.validated = validated_record()
+    path = write(tmp_path, g)
+    back = load_gate(path)
+    assert back.validated == validated_record() and back.helps is False
+    assert back.summary.startswith("experimental: −9.1 F1")
+    assert "−9.1" in Path(path).read_text(encoding="utf-8")  # written readable, not \u-escaped
+    broken = [("lines", "fifty"), ("helps", "no"), ("summary", ""), ("tasks", {})]
+    broken += [("tasks", {"squad": {**validated_record()["tasks"]["squad"], key: value}}) for key, value in
+               (("n", 0), ("gate", "27"), ("best_single", {"score": 1.0}), ("metric", None),
+                ("vs_equal", {"diff": 1.0, "low": 2.0, "high": 3.0}), ("vs_best_single", {"diff": 1.0}))]
+    for key, value in broken:
+        raw = {**g.to_dict(), "validated": {**validated_record(), key: value}}
+        Path(path).write_text(json.dumps(raw))
+        with pytest.raises(GateError, match="malformed validation record"):
+            load_gate(path)
+
+
+def test_shipped_gates_carry_their_validation_on_lines_they_were_not_trained_on():
+    """Every shipped gate says how it did on the validation lines of the tasks it was trained for (written by
+    experiments/validate_gates.py), and its one-line summary says "helps" only when the record says it does."""
+    from adafuse.harness.tasks import TRAIN_OFFSET, VALIDATION_LINES
+    for path in sorted((Path(__file__).resolve().parents[1] / "assets" / "gates").glob("*.json")):
+        g = load_gate(path)
+        v = g.validated
+        assert v, f"{path.name} has no validation record: run python -m experiments.validate_gates"
+        assert set(v["tasks"]) <= set(g.trained["tasks"])
+        first, last = (int(x) for x in v["lines"].split("-"))
+        assert VALIDATION_LINES[0] <= first <= last <= VALIDATION_LINES[1] < TRAIN_OFFSET <= g.trained["offset"]
+        assert g.summary.startswith("helps:" if g.helps else "experimental:")

@@ -1,12 +1,26 @@
 """One model's view of the text (adafuse/models/session.py): the KV cache follows every commit, shared prompt prefixes,
-guesses fed with a catch-up, anchored tokenization, the prompt a session was given."""
+guesses fed with a catch-up, anchored tokenization, the prompt a session was given; and the bounds on what a model
+keeps (a released view, the prefix store's prompts and bytes, stop sets, names that failed to load)."""
+import gc
+import os
+import sys
+import threading
+import weakref
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from transformers import DynamicCache
 
 from adafuse import AdaFuse, DecodeConfig
+from adafuse.errors import ModelNotFoundError
+from adafuse.models import ModelRegistry, free_unused_memory
+from adafuse.models import base as base_module
+from adafuse.models import registry as registry_module
 from adafuse.models import tokenized as session_module
+from adafuse.models.idle import IdleViews
+from adafuse.models.prefixes import PrefixStore
 from adafuse.models.session import LocalSession
 from tests.real import RELAXED, TEXTS, gsm8k_prompt, tolerance, views  # noqa: F401  (views: a fixture)
 from tests.toy import A_RULES, B_RULES, V, first_round, toy_model, toy_pair
@@ -63,6 +77,148 @@ def test_a_guess_fed_with_a_catch_up_is_taken_kept_through_a_rewind_or_cropped()
     s.commit(" Paris is big.", guess=" London")
     s.settle()
     assert s.cached_ids == s.ids and torch.equal(s.end_logprobs, s.next_logprobs)
+
+
+def test_a_released_view_holds_no_tensors_and_computes_nothing():
+    d = AdaFuse(toy_pair(), DecodeConfig(tau=0.5, branches=3)).start("Q")
+    for _ in d:
+        pass
+    s = d.sessions[1]
+    kv = weakref.ref(s.cache.layers[0].keys)  # the live cache after the commits (the prefix store keeps the prompt's)
+    counters = (s.forward_passes, s.tokens_fed, s.ids, s.text)
+    s.release()
+    gc.collect()
+    assert kv() is None and s.cache.get_seq_length() == 0 and not s.adoptable
+    assert s.next_logprobs is None and s._verified is None and s._drafts is None
+    assert (s.forward_passes, s.tokens_fed, s.ids, s.text) == counters
+    with pytest.raises(AssertionError, match="released"):
+        s.commit(d.trace.output + " big")
+
+
+def _decode(models, cfg, park_after=None):
+    """The toy decode of "Q" to its end; with `park_after`, every view parks after that many rounds (as an idle view
+    does when another decode needs room) and the decode goes on from there."""
+    d = AdaFuse(models, cfg).start("Q")
+    while not d.done:
+        d.step()
+        if len(d.trace.rounds) == park_after and not d.done:
+            assert all(s.park() for s in d.sessions)
+            assert all(s.cache.get_seq_length() == 0 and s.held_bytes() == 0 for s in d.sessions)
+    return d
+
+
+@pytest.mark.parametrize("cfg", [DecodeConfig(tau=0.5, branches=3, max_words=1), DecodeConfig(tau=0.0, max_words=1),
+                                 DecodeConfig(tau=0.9, max_words=1, speculate=True)])
+def test_a_parked_view_rebuilds_its_cache_and_the_decode_goes_on_unchanged(cfg):
+    whole = _decode(toy_pair(), cfg)
+    parked = _decode(toy_pair(), cfg, park_after=1)
+    assert len(whole.trace.rounds) > 1
+    assert parked.trace.output == whole.trace.output
+    # the rebuilt caches were fed again (on an empty cache the toy models would have answered otherwise)
+    assert sum(s.tokens_fed for s in parked.sessions) > sum(s.tokens_fed for s in whole.sessions)
+    assert [(r.text, r.chosen, [c.text for c in r.candidates]) for r in parked.trace.rounds] == \
+        [(r.text, r.chosen, [c.text for c in r.candidates]) for r in whole.trace.rounds]
+
+
+def test_idle_views_past_the_budget_park_least_recently_used_first_never_one_in_a_call():
+    a = toy_model("a", V, A_RULES)
+    a.prefixes = PrefixStore(size=0)  # nothing shared with the store: each view's bytes are its own
+    a.idle = IdleViews(max_bytes=10**9, idle_seconds=0)
+    opened = [LocalSession(a, "Q" + " Paris is nice." * k) for k in (1, 2, 3)]
+    sizes = [v.held_bytes() for v in opened]
+    assert all(sizes) and a.idle.held_bytes() == sum(sizes)
+    assert a.idle.trim() == 0  # under the budget: nothing parks
+    a.idle.max_bytes = sizes[2]
+    opened[0].rewind()  # the oldest view is used again: now the middle one is the least recently used
+    in_call, done = threading.Event(), threading.Event()
+
+    def call():  # another thread inside a call of the first view
+        with opened[0]._lock:
+            in_call.set()
+            done.wait(5)
+    busy = threading.Thread(target=call)
+    busy.start()
+    in_call.wait(5)
+    assert a.idle.trim() == 1  # the middle view parks; the first is in a call; the newest fits the budget alone
+    done.set()
+    busy.join()
+    assert [v.parked for v in opened] == [False, True, False]
+    assert opened[1].next_logprobs is not None and opened[1].held_bytes() == 0
+    a.idle.idle_seconds = 60  # views used within the last minute are not idle
+    assert a.idle.trim() == 0 and not opened[0].parked
+    a.idle.idle_seconds, a.idle.max_bytes = 0, 0
+    LocalSession(a, "Q")  # a new view of the model makes room first
+    assert all(v.parked for v in opened)
+    with pytest.raises(ValueError, match="max_bytes=-1"):
+        IdleViews(max_bytes=-1)
+
+
+@RELAXED
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12), size=st.integers(0, 3),
+       max_bytes=st.integers(0, 600))
+def test_the_prefix_store_keeps_at_most_size_prompts_in_max_bytes(lengths, size, max_bytes):
+    store = PrefixStore(size=size, min_tokens=1, max_bytes=max_bytes)
+    per_token = 16  # the toy model's cache: one layer, one float64 key and value per position
+    for i, n in enumerate(lengths):
+        ids = [i] * n  # each prompt its own: no two share a prefix
+        cache = DynamicCache()
+        x = torch.zeros(1, 1, n, 1, dtype=torch.float64)
+        cache.update(x, x, 0)
+        store.store(ids, cache)
+        assert len(store.entries) <= size and store.held_bytes() <= max_bytes
+        assert store.held_bytes() == per_token * sum(len(e[0]) for e in store.entries)
+        # the newest prompt is kept whenever it fits alone, and a lookup then starts from it
+        fits = size > 0 and per_token * n <= max_bytes
+        assert (bool(store.entries) and store.entries[0][0] == ids) == fits
+        assert store.lookup(ids + [99])[1] == (n if fits else 0)
+
+
+def test_a_prompt_larger_than_the_store_is_decoded_without_being_kept():
+    a = toy_model("a", V, A_RULES)
+    a.prefixes = PrefixStore(max_bytes=16 * 5)  # five positions of the toy cache
+    LocalSession(a, "Q Paris")
+    assert [len(e[0]) for e in a.prefixes.entries] == [3]  # <bos> Q " Paris"
+    long = LocalSession(a, "Q Paris is nice." * 2)
+    assert [len(e[0]) for e in a.prefixes.entries] == [3] and long.prefix_reused == 0
+    with pytest.raises(ValueError, match="max_bytes=-1"):
+        PrefixStore(max_bytes=-1)
+
+
+def test_stop_sets_kept_by_a_model_are_bounded_and_recomputed_alike(monkeypatch):
+    monkeypatch.setattr(base_module, "STOP_SETS_KEPT", 3)
+    a = toy_model("a", V, A_RULES)
+    first = a.stop_token_ids(("\n",))
+    for stop in (".", " is", " big", "ab"):
+        a.stop_token_ids(("\n", stop))
+    assert len(a._stop_ids) == 3 and ("\n",) not in a._stop_ids
+    assert a.stop_token_ids(("\n",)) == first == {a.tokenizer.index["\n"]}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap, read from /proc")
+def test_freed_heap_holes_go_back_to_the_system():
+    blocks = [torch.ones(16_000) for _ in range(4000)]  # 64 kB each: inside glibc's heap, not mmapped alone
+    del blocks[::2]  # every other one freed: 128 MB of holes between blocks still in use
+    before = _rss_bytes()
+    assert free_unused_memory()
+    assert before - _rss_bytes() > 64 * 2**20
+    assert all(b[0] == 1 for b in blocks)  # the blocks still in use are untouched
+
+
+def test_a_model_name_that_fails_to_load_leaves_nothing_in_the_registry(monkeypatch):
+    reg = ModelRegistry()
+
+    def fail(*a, **kw):
+        raise ModelNotFoundError("no such model")
+    monkeypatch.setattr(registry_module, "load_model", fail)
+    for i in range(5):
+        with pytest.raises(ModelNotFoundError):
+            reg.get(f"no-such/model-{i}", device="cpu")
+    assert not reg._locks and not reg._models
 
 
 @pytest.mark.parametrize("prompt", ["short", "gsm8k"])

@@ -41,3 +41,23 @@ def test_sample_data_when_the_full_sets_are_missing(monkeypatch, tmp_path):
             assert sample == tasks.read_examples(full / task.folder / task.file, 20)
             assert (tasks.SAMPLE_DATA / task.folder / task.prompt_file).read_text() == \
                 (full / task.folder / task.prompt_file).read_text()
+
+
+def test_line_ranges_select_data_lines_by_number(tmp_path):
+    """`--lines 51-100`: the validation lines, by their number in the file (bad and blank lines keep their numbers)."""
+    assert tasks.parse_lines("51-100") == (51, 100) and tasks.parse_lines(" 7 ") == (7, 7)
+    assert tasks.format_lines(tasks.VALIDATION_LINES) == "51-100"
+    assert tasks.REPORT_LINES[1] < tasks.VALIDATION_LINES[0] <= tasks.VALIDATION_LINES[1] < tasks.TRAIN_OFFSET
+    for bad in ("0-3", "5-4", "a-b", "", "3-"):
+        with pytest.raises(tasks.ConfigError, match="FIRST-LAST"):
+            tasks.parse_lines(bad)
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(f'{{"question": "q{i}", "answer": "a"}}\n' if i != 3 else "\n" for i in range(1, 8)))
+    seen = []
+    assert [no for no, _ in read_examples(path, None, lines=(2, 5), warn=seen.append)] == [2, 4, 5]
+    assert [no for no, _ in read_examples(path, 2, lines=(2, 5), warn=seen.append)] == [2, 4]
+    assert seen == ["d.jsonl holds 3 usable examples in lines 2-5: using 3"]  # line 3 is blank
+    seen.clear()
+    assert read_examples(path, 5, lines=(6, 9), warn=seen.append) == [(6, {"question": "q6", "answer": "a"}),
+                                                                     (7, {"question": "q7", "answer": "a"})]
+    assert seen == ["d.jsonl holds 2 usable examples in lines 6-9, fewer than --limit 5: using 2"]

@@ -118,12 +118,14 @@ def set_aside_cut_line(path: Path, warn=print) -> Path | None:
 
 def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = DEFAULT_DATA, limit: int | None = None,
              base: dict | None = None, on_bad_line: str = "skip", progress: bool = True, warn=None,
-             trust_remote_code: bool = False, registry: ModelRegistry | None = None) -> Path:
-    """Run every method on the first `limit` examples; results are appended line by line (a rerun resumes).
-    `trust_remote_code` lets models whose repository ships its own Python run it; `registry` holds the models
-    (default: the library's default registry)."""
+             trust_remote_code: bool = False, registry: ModelRegistry | None = None,
+             lines: tuple[int, int] | None = None) -> Path:
+    """Run every method on the first `limit` examples (of the data lines `lines`, both ends included, when given);
+    results are appended line by line, keyed by data line and method, so a rerun resumes. `trust_remote_code` lets
+    models whose repository ships its own Python run it; `registry` holds the models (default: the library's default
+    registry)."""
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
-    examples = read_examples(data_dir / task.folder / task.file, limit, on_bad_line, warn)
+    examples = read_examples(data_dir / task.folder / task.file, limit, on_bad_line, warn, lines)
     head = (data_dir / task.folder / task.prompt_file).read_text(encoding="utf-8")
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"{task.name}.jsonl"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import metrics
-from ..errors import AdafuseError
+from ..errors import AdafuseError, ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 # The first 20 examples of each task and its prompt file, for machines without the full sets (a Space).
@@ -28,6 +28,30 @@ def find_data(roots: tuple[Path, ...] | None = None) -> Path:
 
 
 DEFAULT_DATA = find_data()
+
+# How every data file's lines are split, so that nothing is tuned on what it is scored on: the report's evaluations read
+# the first lines, validation (gate checkpoints, re-checking a shipped gate) the next ones, training the rest.
+REPORT_LINES = (1, 50)
+VALIDATION_LINES = (51, 100)
+TRAIN_OFFSET = 101
+
+
+def parse_lines(text: str) -> tuple[int, int]:
+    """A range of data-file line numbers, "51-100" (1-based, both ends included) → (51, 100)."""
+    lo, sep, hi = str(text).strip().partition("-")
+    try:
+        first, last = int(lo), int(hi if sep else lo)
+    except ValueError:
+        first, last = 0, -1
+    if first < 1 or last < first:
+        raise ConfigError(f"lines {text!r}: give FIRST-LAST with 1 <= FIRST <= LAST, e.g. 51-100 (the validation "
+                          "lines)")
+    return first, last
+
+
+def format_lines(lines: tuple[int, int]) -> str:
+    """(51, 100) → "51-100", the spelling `parse_lines` reads."""
+    return f"{lines[0]}-{lines[1]}"
 
 
 class DataError(AdafuseError, ValueError):
@@ -97,10 +121,12 @@ TASKS = {
 }
 
 
-def read_examples(path: Path, limit: int | None, on_bad_line: str = "skip", warn=print) -> list[tuple[int, dict]]:
-    """(line number, example) pairs; bad lines are reported with their number and skipped or stop the run."""
+def read_examples(path: Path, limit: int | None, on_bad_line: str = "skip", warn=print,
+                  lines: tuple[int, int] | None = None) -> list[tuple[int, dict]]:
+    """(line number, example) pairs; bad lines are reported with their number and skipped or stop the run. `lines`
+    keeps only that range of line numbers (both ends included; `limit` then counts within it)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         root, env = path.parent.parent, os.environ.get("ADAFUSE_DATA")
         if env and root == Path(env) and not root.is_dir():
@@ -109,10 +135,13 @@ def read_examples(path: Path, limit: int | None, on_bad_line: str = "skip", warn
                             "assets/data)") from exc
         raise DataError(f"cannot read {path}: {exc}; pass --data pointing at the folder that holds "
                         f"{path.parent.name}/") from exc
+    first, last = lines or (1, None)
     out = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
+    for no, line in enumerate(text, 1):
+        if no < first or not line.strip():
             continue
+        if last is not None and no > last:
+            break
         try:
             row = json.loads(line)
             if not isinstance(row, dict) or "question" not in row or "answer" not in row:
@@ -126,7 +155,11 @@ def read_examples(path: Path, limit: int | None, on_bad_line: str = "skip", warn
         out.append((no, row))
         if limit is not None and len(out) >= limit:
             break
+    sample = f" ({SAMPLE_NOTE})" if path.resolve().is_relative_to(SAMPLE_DATA.resolve()) else ""
     if limit is not None and len(out) < limit:
-        sample = f" ({SAMPLE_NOTE})" if path.resolve().is_relative_to(SAMPLE_DATA.resolve()) else ""
-        warn(f"{path.name} holds {len(out)} usable examples, fewer than --limit {limit}: using {len(out)}{sample}")
+        where = f" in lines {format_lines(lines)}" if lines else ""
+        warn(f"{path.name} holds {len(out)} usable examples{where}, fewer than --limit {limit}: using "
+             f"{len(out)}{sample}")
+    elif lines and limit is None and len(out) < last - first + 1:
+        warn(f"{path.name} holds {len(out)} usable examples in lines {format_lines(lines)}: using {len(out)}{sample}")
     return out

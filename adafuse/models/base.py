@@ -6,6 +6,10 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+# Stop-string sets whose token sets a model keeps (`stop_token_ids`; each a scan of the vocabulary to recompute): a
+# bound, since each visitor's prompt may bring its own stop strings.
+STOP_SETS_KEPT = 64
+
 
 @dataclass(eq=False, kw_only=True)
 class LoadedModel(ABC):
@@ -25,6 +29,7 @@ class LoadedModel(ABC):
     tokenizer_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _texts: list[str] | None = field(default=None, init=False, repr=False)  # vocab_texts(), computed once
     _stop_ids: dict[tuple[str, ...], frozenset[int]] = field(default_factory=dict, init=False, repr=False)
+    _stop_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)  # evicting from it
 
     # ---- where it computes ----
     @property
@@ -92,14 +97,20 @@ class LoadedModel(ABC):
 
     def stop_token_ids(self, stops: tuple[str, ...]) -> frozenset[int]:
         """Tokens whose text starts one of the stop strings (for stop "\\n": "\\n", "\\n\\n", "\\nQuestion", ...):
-        with the end tokens they are the one event "the answer ends here". Computed once per stop set."""
+        with the end tokens they are the one event "the answer ends here". Computed once per stop set (the last
+        STOP_SETS_KEPT sets are kept)."""
         stops = tuple(sorted(set(stops)))
         if not stops:
             return frozenset()
-        if stops not in self._stop_ids:
-            self._stop_ids[stops] = frozenset(t for t, txt in enumerate(self.vocab_texts())
-                                              if txt.startswith(stops) and t not in self.banned_ids)
-        return self._stop_ids[stops]
+        ids = self._stop_ids.get(stops)
+        if ids is None:
+            ids = frozenset(t for t, txt in enumerate(self.vocab_texts()) if txt.startswith(stops)
+                            and t not in self.banned_ids)
+            with self._stop_lock:
+                self._stop_ids[stops] = ids
+                while len(self._stop_ids) > STOP_SETS_KEPT:  # the oldest set goes first
+                    del self._stop_ids[next(iter(self._stop_ids))]
+        return ids
 
     def end_strings(self) -> list[str]:
         """The text of each end token (a span containing one, written as text by another model, is cut there)."""

@@ -16,6 +16,7 @@ from .base import end_ids as find_end_ids
 from .catalog import BUNDLED, PAPER_MODELS
 from .cpu import use_cpu_kernels
 from .gguf import META, convert_gguf
+from .idle import IdleViews
 from .prefixes import PrefixStore
 from .session import LocalSession
 from .specs import KINDS
@@ -27,11 +28,12 @@ CPU_KERNELS_RECORD = "cpu-kernels.json"
 
 @dataclass(eq=False, kw_only=True)
 class LocalModel(LoadedModel):
-    """A model whose weights are here: the torch module, the folder it came from, and the KV caches of its recent
-    prompts (its prefix store)."""
+    """A model whose weights are here: the torch module, the folder it came from, the KV caches of its recent
+    prompts (its prefix store) and its open views (idle ones let go of their KV past a budget)."""
     model: torch.nn.Module
     folder: str = ""                  # the transformers folder the weights came from (a converted GGUF's cache folder)
     prefixes: PrefixStore = field(default_factory=PrefixStore, repr=False)
+    idle: IdleViews = field(default_factory=IdleViews, repr=False)  # its open views: idle ones past a budget park
     # seconds of the side-by-side probe (parallel.py) this model led, by weak references to the models measured
     # together (a reference to a model gone never matches a later one) and the thread counts
     side_by_side: dict = field(default_factory=dict, repr=False)

@@ -8,6 +8,11 @@ from transformers.cache_utils import DynamicLayer
 
 from ..words import common_prefix
 
+# Most bytes of keys and values one model's prefix store keeps, its entries together (512 MiB: an 8B model's 4k-token
+# prompt, a 135M model's 11k; without it two 32k-token prompts of a 270M model kept 2.3 GB): a prompt whose KV alone is
+# larger is not kept.
+PREFIX_STORE_BYTES = 2**29
+
 
 def copy_cache(cache: DynamicCache, length: int, rows: int = 1) -> DynamicCache:
     """A new cache holding the first `length` positions of row 0 of `cache`, repeated `rows` times.
@@ -28,14 +33,24 @@ def copy_cache(cache: DynamicCache, length: int, rows: int = 1) -> DynamicCache:
     return new
 
 
+def cache_bytes(cache: DynamicCache, length: int) -> int:
+    """Bytes of keys and values the first `length` positions of row 0 of `cache` take (every layer)."""
+    return sum((layer.keys[:1, :, :length].numel() + layer.values[:1, :, :length].numel()) * layer.keys.element_size()
+               for layer in cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel())
+
+
 class PrefixStore:
     """One model's KV caches of its last few prompts: a new prompt sharing a long prefix with one of them (the same
     few-shot examples, the same chat preamble) starts from a copy instead of re-encoding it. Each local model holds
-    its own (`LocalModel.prefixes`), so whoever holds the model holds its store."""
+    its own (`LocalModel.prefixes`), so whoever holds the model holds its store. Bounded twice: at most `size`
+    prompts, and at most `max_bytes` of KV together (the oldest go first)."""
 
-    def __init__(self, size: int = 2, min_tokens: int = 16):
-        self.size, self.min_tokens = size, min_tokens
-        self.entries: list[tuple[list[int], DynamicCache]] = []  # most recent first
+    def __init__(self, size: int = 2, min_tokens: int = 16, max_bytes: int = PREFIX_STORE_BYTES):
+        if size < 0 or max_bytes < 0:
+            raise ValueError(f"size={size}, max_bytes={max_bytes}: a prefix store keeps ≥ 0 prompts in ≥ 0 bytes "
+                             "(0 turns it off)")
+        self.size, self.min_tokens, self.max_bytes = size, min_tokens, max_bytes
+        self.entries: list[tuple[list[int], DynamicCache, int]] = []  # (ids, their KV, its bytes), most recent first
         self.lock = threading.Lock()
 
     def lookup(self, ids: list[int]) -> tuple[DynamicCache, int]:
@@ -43,7 +58,7 @@ class PrefixStore:
         token, so a forward is left to give the logits) and its length; an empty cache and 0 otherwise."""
         with self.lock:
             best, best_len = None, 0
-            for old_ids, cache in self.entries:
+            for old_ids, cache, _ in self.entries:
                 n = min(common_prefix(old_ids, ids), len(ids) - 1)  # feed at least one token for the logits
                 if n > best_len:
                     best, best_len = cache, n
@@ -52,11 +67,31 @@ class PrefixStore:
             return copy_cache(best, best_len), best_len
 
     def store(self, ids: list[int], cache: DynamicCache) -> None:
-        """Keep the first len(ids) positions of `cache` as the KV of `ids`, dropping the oldest beyond `size`."""
+        """Keep the first len(ids) positions of `cache` as the KV of `ids`, dropping the oldest beyond `size` prompts
+        or `max_bytes` (a prompt larger than `max_bytes` alone is not kept)."""
+        size = cache_bytes(cache, len(ids))
         with self.lock:
             entries = [e for e in self.entries if e[0] != ids]
-            entries.insert(0, (list(ids), copy_cache(cache, len(ids))))
-            self.entries = entries[: self.size]
+            if size <= self.max_bytes:
+                entries.insert(0, (list(ids), copy_cache(cache, len(ids)), size))
+            kept, total = [], 0
+            for e in entries[: self.size]:
+                total += e[2]
+                if total > self.max_bytes:
+                    break
+                kept.append(e)
+            self.entries = kept
+
+    def storages(self) -> set[int]:
+        """Addresses of the tensor storages the store keeps alive (a view's cache may share them)."""
+        with self.lock:
+            return {t.untyped_storage().data_ptr() for _, cache, _ in self.entries for layer in cache.layers
+                    for t in (layer.keys, layer.values)}
+
+    def held_bytes(self) -> int:
+        """Bytes of KV the store keeps now."""
+        with self.lock:
+            return sum(e[2] for e in self.entries)
 
     def clear(self) -> None:
         with self.lock:

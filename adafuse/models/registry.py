@@ -12,6 +12,7 @@ import torch
 
 from .base import LoadedModel
 from .local import default_device, default_dtype, load_model
+from .memory import free_unused_memory
 from .served import load_served
 from .specs import is_served_spec, parse_spec
 
@@ -47,17 +48,27 @@ class ModelRegistry:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self._models:
-                need = size()  # only for a model not loaded yet (it reads the model's files)
-                if need is not None:
-                    self._make_room(key, need)
                 try:
-                    self._models[key] = load()
-                except torch.OutOfMemoryError:
-                    if not self._make_room(key, None):
-                        raise
-                    self._models[key] = load()
+                    self._models[key] = self._load(key, size, load)
+                except BaseException:
+                    with self._guard:  # a name that failed keeps no lock (else every typo a visitor made would)
+                        self._locks.pop(key, None)
+                    raise
             self._used[key] = time.monotonic()
             return self._models[key]
+
+    def _load(self, key: tuple, size, load) -> LoadedModel:
+        """Load a model not loaded yet, making room first when its size is known (`size()` reads its files) and
+        again if it runs out of memory."""
+        need = size()
+        if need is not None:
+            self._make_room(key, need)
+        try:
+            return load()
+        except torch.OutOfMemoryError:
+            if not self._make_room(key, None):
+                raise
+            return load()
 
     def unload(self, lm: LoadedModel | str) -> bool:
         """Forget a loaded model (by object or name): its memory is freed once no decode in progress holds it."""
@@ -70,8 +81,7 @@ class ModelRegistry:
         if not keys:
             return False
         gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        free_unused_memory()
         return True
 
     def loaded(self) -> list[LoadedModel]:

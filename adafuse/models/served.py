@@ -323,3 +323,8 @@ class ServedSession(TokenizedView):
 
     def stats(self) -> tuple[int, int, float, int]:
         return self.forward_passes, self.tokens_fed, self.seconds, self.cached
+
+    def release(self) -> None:
+        """The decode is over: let go of the distributions kept for later rounds (each a vocabulary-wide vector)."""
+        self.ahead, self.adoptable, self.spec = {}, {}, []
+        self.next_logprobs = self.end_logprobs = None

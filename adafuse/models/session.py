@@ -1,6 +1,8 @@
 """A local model's view of a decode: its KV cache follows the committed text; batches run on copies of it."""
 from __future__ import annotations
 
+import functools
+import threading
 import time
 
 import torch
@@ -9,7 +11,7 @@ from transformers import DynamicCache
 from ..view import Branch
 from ..words import common_prefix
 from .base import LoadedModel
-from .prefixes import copy_cache
+from .prefixes import cache_bytes, copy_cache
 from .tokenized import TokenizedView
 
 # Largest logits block (rows × positions × vocab floats) computed in one forward while scoring.
@@ -62,18 +64,36 @@ class _Drafts:
         return None
 
 
+def _awake(method):
+    """A call on the view: one at a time (an idle view may be parked from another thread, never during a call), its
+    time noted, and a parked view's cache rebuilt first."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._lock:
+            self.last_used = time.monotonic()
+            if self.parked:
+                self._wake()
+            return method(self, *args, **kwargs)
+    return call
+
+
 class LocalSession(TokenizedView):
     """Token ids and KV cache of `render(prompt) + y` for one local model (a `LocalModel`: its weights, its prefix
-    store).
+    store, its idle views).
 
     Invariants: the cache holds `cached_ids` (the committed `ids`, possibly followed by speculative
     tokens of this model's own greedy proposal); `next_logprobs` is the next-token distribution after
-    `ids`, `end_logprobs` the one after `cached_ids`.
+    `ids`, `end_logprobs` the one after `cached_ids`. A parked view (`park`) holds no cache until its next call.
     """
 
     def __init__(self, lm: LoadedModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
                  thinking: bool | None = None):
         super().__init__(lm, prompt, mode, stop, system, thinking)
+        self.released = False  # `release` let go of the cache: nothing may run on it any more
+        self.parked = False    # `park` let go of the cache: the next call rebuilds it
+        self._lock = threading.RLock()
+        self.last_used = time.monotonic()
+        lm.idle.trim()  # room for this prompt's KV: views that stopped moving give theirs back first
         # full layers only: sliding-window layers could not be cropped
         self.cache, reused = lm.prefixes.lookup(self.ids)
         self.cached_ids = self.ids[:reused]
@@ -90,11 +110,13 @@ class LocalSession(TokenizedView):
         self._guessed: tuple[list[int], torch.Tensor] | None = None
         self._guess_taken = 0
         lm.prefixes.store(self.ids, self.cache)
+        lm.idle.add(self)
 
     # ---- forward passes ----
     @torch.inference_mode()
     def _feed(self, new: list[int], last: int = 1) -> torch.Tensor:
         """Feed tokens on the live cache; returns (last, V) float32 log-probs after each of the `last` last ones."""
+        assert not self.released, "this view was released (its decode is over): open a new one"
         t0 = time.perf_counter()
         input_ids = torch.tensor([new], device=self.lm.device)  # (1, T)
         # Only the last positions' logits are needed: skipping the rest spares a (T, V) head product.
@@ -111,6 +133,7 @@ class LocalSession(TokenizedView):
         self.seconds += time.perf_counter() - t0
         return result
 
+    @_awake
     def extend(self, token: int) -> torch.Tensor:
         if self._guessed is not None:
             tokens, logprobs = self._guessed
@@ -135,6 +158,7 @@ class LocalSession(TokenizedView):
         self.end_logprobs = self._feed([token])[-1]
         return self.end_logprobs
 
+    @_awake
     def draft(self, rows: list[list[int]]) -> int:
         rows = [list(r) for r in rows if r]
         if not rows or len(self.cached_ids) != len(self.ids) or self._drafts is not None:
@@ -151,6 +175,7 @@ class LocalSession(TokenizedView):
         self.verify_passes += 1
         self.draft_tokens += sum(len(r) for r in rows)
 
+    @_awake
     def verified(self, tokens: list[int]) -> torch.Tensor | None:
         v = self._verified
         if v is None or v.start != len(self.ids):
@@ -174,6 +199,7 @@ class LocalSession(TokenizedView):
             self.end_logprobs = self.next_logprobs
         self._guessed, self._guess_taken = None, 0
 
+    @_awake
     def settle(self) -> None:
         self._drop_guess()
         self._pending = []
@@ -183,6 +209,7 @@ class LocalSession(TokenizedView):
         self._append(_row_kv(d.cache, d.row, d.start, d.start + len(d.taken)))  # the taken tokens join the live cache
         self.cached_ids = self.cached_ids + d.taken
 
+    @_awake
     def rewind(self) -> None:
         self._pending = []
         if self._guessed is not None:  # a guess stays where the catch-up fed it (the live cache: ids + its tokens)
@@ -197,6 +224,7 @@ class LocalSession(TokenizedView):
             self.cached_ids = self.cached_ids[: len(self.ids)]
             self.end_logprobs = self.next_logprobs
 
+    @_awake
     def commit(self, y: str, guess: str = "") -> None:
         """Set the committed text to `y`: reuse the cache up to the common token prefix, feed the rest. When a feed
         is needed, `guess` (text likely to follow `y`) goes into the same forward: while `extend` is then given its
@@ -249,6 +277,7 @@ class LocalSession(TokenizedView):
         for layer, (k, v) in enumerate(kv):
             self.cache.update(k, v, layer)
 
+    @_awake
     def branch(self, rows: int) -> LocalBranch:
         return LocalBranch(self, rows)
 
@@ -260,6 +289,7 @@ class LocalSession(TokenizedView):
             return None
         return weight[torch.tensor(ids, dtype=torch.long, device=weight.device)]
 
+    @_awake
     @torch.inference_mode()
     def score_rows(self, start: int, rows: list[list[int]], remember: list[bool], wanted=None) -> list[torch.Tensor]:
         if not rows:
@@ -293,11 +323,11 @@ class LocalSession(TokenizedView):
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of keys and values one position takes in the cache (every layer)."""
-        return sum((layer.keys[0, :, :1].numel() + layer.values[0, :, :1].numel()) * layer.keys.element_size()
-                   for layer in self.cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel())
+        return cache_bytes(self.cache, 1)
 
     def side_cache(self, start: int, rows: int) -> DynamicCache:
         """`rows` copies of the first `start` cached positions, for a batch that must not touch the live cache."""
+        assert not self.released, "this view was released (its decode is over): open a new one"
         self.peak_side_bytes = max(self.peak_side_bytes, rows * start * self.kv_bytes_per_token())
         return copy_cache(self.cache, start, rows)
 
@@ -313,3 +343,54 @@ class LocalSession(TokenizedView):
 
     def stats(self) -> tuple[int, int, float, int]:
         return self.forward_passes, self.tokens_fed, self.seconds, 0
+
+    def held_bytes(self, wait: bool = True) -> int | None:
+        """KV bytes that parking this view would free: its live cache and what it kept for the next round (drafts,
+        KV to adopt), less what the prefix store shares. None when `wait` is False and a call is under way."""
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
+            tensors = [t for d in (self, self._drafts, self._verified) if d is not None for layer in d.cache.layers
+                       for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None]
+            tensors += [t for kv, _ in self.adoptable.values() for pair in kv for t in pair]
+            shared = self.lm.prefixes.storages()
+            held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+            return sum(n for ptr, n in held.items() if ptr not in shared)
+        finally:
+            self._lock.release()
+
+    def park(self) -> bool:
+        """Let go of the cache and what was kept for the next round, keeping the committed text, its ids and the
+        next-token log-probs; the next call rebuilds the cache (`_wake`). False, parking nothing, while a call is
+        under way or tokens taken from drafts or a guess are not committed yet (a proposal in progress)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self.released or self.parked or self._drafts is not None or self._guess_taken:
+                return False
+            self.cache, self.cached_ids = DynamicCache(), []
+            self.adoptable, self._verified, self._pending, self._guessed = {}, None, [], None
+            self.end_logprobs = self.next_logprobs
+            self.parked = True
+            return True
+        finally:
+            self._lock.release()
+
+    def _wake(self) -> None:
+        """The cache of `ids` again: from the prefix store where it holds a prefix, the rest fed (charged to the
+        call that needed it). The committed `next_logprobs` stay as they were computed."""
+        self.cache, reused = self.lm.prefixes.lookup(self.ids)
+        self.cached_ids = self.ids[:reused]
+        self.parked = False
+        self._feed(self.ids[reused:])
+
+    def release(self) -> None:
+        """The decode is over: let go of the KV cache and every tensor kept for a later round (verified drafts, KV
+        to adopt, log-probs), so a finished decode that is still referenced (a page's session keeps it) holds no
+        model memory; the counters and the text stay. A released view computes nothing more."""
+        with self._lock:
+            self.released = True
+            self.cache, self.cached_ids = DynamicCache(), []
+            self.adoptable, self._drafts, self._verified, self._pending = {}, None, None, []
+            self._guessed, self._guess_taken = None, 0
+            self.next_logprobs = self.end_logprobs = None
