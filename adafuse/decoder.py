@@ -319,7 +319,7 @@ class Decoding:
         if stop:
             self.done = True
             self.trace.stop_reason = stop
-            self.workers.close()
+            self._close()
         return r
 
     def _catch_up_later(self, m: int, output: str) -> None:
@@ -359,7 +359,7 @@ class Decoding:
             self.pending, self.done = None, True
             self.trace.stop_reason = f"error: {type(exc).__name__}: {str(exc)[:200]}"
             self._settle_behind()
-            self.workers.close()
+            self._close()
             raise
 
     def _trim(self, excess: int) -> None:
@@ -411,7 +411,14 @@ class Decoding:
             self.done = True
             self.trace.stop_reason = StopReason.CANCELLED
             self._settle_behind()
-            self.workers.close()
+            self._close()
+
+    def _close(self) -> None:
+        """The decode is over: its workers stop and its views let go of their caches (a finished decode that is still
+        referenced, say by a page's session, holds no model memory; the trace keeps everything)."""
+        self.workers.close()
+        for view in self.sessions:
+            view.release()
 
     def __iter__(self) -> Iterator[Round]:
         while not self.done:

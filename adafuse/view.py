@@ -120,3 +120,7 @@ class ModelView(ABC):
     def stats(self) -> tuple[int, int, float, int]:
         """Forward passes (requests), token positions fed (computed), seconds, and prompt tokens a server took from its
         prefix cache, so far."""
+
+    def release(self) -> None:
+        """The decode is over: let go of what is kept for later rounds (a KV cache, distributions); the counters and
+        the text stay. A view that keeps nothing heavy has nothing to do."""

@@ -320,10 +320,10 @@ class Explorer:
         if not methods:
             raise ConfigError("pick at least one method to evaluate")
         runs = parse_methods(list(methods), model_specs(names, device))
-        out = Path(tempfile.mkdtemp(prefix="adafuse-eval-"))
-        evaluate(TASKS[task_name], runs, out, limit=int(limit), base=base, progress=True,
-                 trust_remote_code=self.trusted, registry=MODELS)  # the models the rest of the page uses
-        self.eval_rows = load_results(out)
+        with tempfile.TemporaryDirectory(prefix="adafuse-eval-") as out:  # the rows are kept; the files are not
+            evaluate(TASKS[task_name], runs, Path(out), limit=int(limit), base=base, progress=True,
+                     trust_remote_code=self.trusted, registry=MODELS)  # the models the rest of the page uses
+            self.eval_rows = load_results(Path(out))
         return self.eval_rows
 
     def open_example(self, line: int, method: str) -> dict[str, dict]:

@@ -1,19 +1,21 @@
 """AdaFuse Explorer layout and event wiring (layout first, wiring at the bottom)."""
 from __future__ import annotations
 
+import functools
 import html
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
-from adafuse.divergence import divergence
 from adafuse.errors import AdafuseError, ConfigError
 from adafuse.gate import load_gate
 from adafuse.harness.tasks import TASKS, data_source
 from adafuse.methods import MAX_MODELS
+from adafuse.models import free_unused_memory
 from adafuse.report import candidate_label
 from adafuse.stops import format_stops, parse_stops, propose_stops
 
@@ -128,16 +130,25 @@ USER = "\0user"  # the stop box holds what the user typed: never replaced by a p
 
 
 def gate_choices() -> list[tuple[str, str]]:
-    """The shipped learned gates (assets/gates/*.json), labelled by the models and tasks they were trained for."""
+    """The shipped learned gates (assets/gates/*.json), labelled by the models and tasks they were trained for and by
+    what their validation found on unseen lines (the file's "validated" record): one the record does not find better
+    than equal weights is marked experimental. Files are read again only when they change."""
+    files = sorted(GATES.glob("*.json"))
+    return _gate_choices(tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files))
+
+
+@functools.lru_cache(maxsize=4)
+def _gate_choices(files: tuple[tuple[str, int, int], ...]) -> list[tuple[str, str]]:
     out = [("none (the weights below)", "")]
-    for path in sorted(GATES.glob("*.json")):
+    for path, *_ in files:
         try:
             g = load_gate(path)
         except AdafuseError:
             continue
         tasks = ", ".join(g.trained.get("tasks", [])) or "?"
         per = " · NLL per word" if g.normalize == "word" else ""
-        out.append((f"{path.stem}: {' + '.join(g.models)} · trained on {tasks}{per}", str(path)))
+        mark = " (experimental)" if not g.helps else ""
+        out.append((f"{Path(path).stem}{mark}: {' + '.join(g.models)} · trained on {tasks}{per} · {g.summary}", path))
     return out
 
 
@@ -308,6 +319,13 @@ def in_line(ex: Explorer, kind: str):
         SLOTS.release(ticket)
         raise
     return ticket
+
+
+def done_with(ticket: int | None) -> None:
+    """A decoding handler ends: its slot goes to the next visitor, and the memory its decodes freed goes back to the
+    system (a page's finished decodes keep no caches: see `Decoding._close`)."""
+    SLOTS.release(ticket)
+    free_unused_memory()
 
 
 def take_slot(ex: Explorer, kind: str) -> int | None:
@@ -605,7 +623,7 @@ def build_demo() -> gr.Blocks:
                 yield shown(ex, "") if ex.replaced_by else (ex, *_error(ex, exc))
             finally:  # also when Reset closes this run
                 ex.running = False
-                SLOTS.release(ticket)
+                done_with(ticket)
 
         @gpu
         def on_step(ex, names, dev, allow, prompt_text, picked, *s):
@@ -651,7 +669,7 @@ def build_demo() -> gr.Blocks:
                 return (ex, *_error(ex, exc))
             finally:
                 ex.running = False
-                SLOTS.release(ticket)
+                done_with(ticket)
 
         def on_cancel(ex):
             ex = ex or Explorer()
@@ -688,7 +706,7 @@ def build_demo() -> gr.Blocks:
                 yield (ex, *_error(ex, exc))
             finally:
                 ex.running = False
-                SLOTS.release(ticket)
+                done_with(ticket)
 
         @gpu
         def on_tokens(ex, r_idx, c_idx):
@@ -748,6 +766,8 @@ def build_demo() -> gr.Blocks:
                         divergence_figure(rows, members[0]) if members else plots.empty_figure("no member ran"))
             except Exception as exc:  # noqa: BLE001
                 return (ex, f"⚠️ **Error:** {html.escape(friendly(exc))}", *[gr.update()] * 8)
+            finally:
+                free_unused_memory()
 
         def on_filter(ex, show):
             ex = ex or Explorer()

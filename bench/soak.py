@@ -24,7 +24,7 @@ import torch
 
 from adafuse import DecodeConfig
 from adafuse.errors import AdafuseError
-from adafuse.models import DEFAULT_PAIR, LocalModel
+from adafuse.models import DEFAULT_PAIR, LocalModel, free_unused_memory
 from app.controller import COMPARE_METHODS, MODELS, Explorer
 
 MIB = 2**20
@@ -68,10 +68,6 @@ def malloc_state() -> dict[str, float]:
         return {}
     m = _LIBC.mallinfo2()
     return {"heap_used": m.uordblks / MIB, "heap_free": m.fordblks / MIB, "mmapped": m.hblkhd / MIB}
-
-
-def malloc_trim() -> None:
-    _LIBC.malloc_trim(0)
 
 
 def live_objects() -> dict[str, float]:
@@ -304,7 +300,9 @@ def main(argv=None) -> None:
                                                           "closed tab's state for an hour)")
     p.add_argument("--every", type=int, default=10, help="print a row every this many runs")
     p.add_argument("--collect", action="store_true", help="gc.collect() after each run (reference cycles)")
-    p.add_argument("--trim", action="store_true", help="malloc_trim(0) after each run (free heap back to the OS)")
+    p.add_argument("--trim", action=argparse.BooleanOptionalAction, default=True,
+                   help="hand freed memory back after each run, as the app's handlers do (free_unused_memory; "
+                        "--no-trim: without it)")
     p.add_argument("--max-rss-gib", type=float, default=10.0, help="stop early once RSS passes this (a soak that "
                                                                       "does not level off must not take the machine)")
     p.add_argument("--seed", type=int, default=0)
@@ -334,7 +332,7 @@ def main(argv=None) -> None:
         trim_ms = 0.0
         if args.trim:
             t_trim = time.perf_counter()
-            malloc_trim()
+            free_unused_memory()
             trim_ms = 1000 * (time.perf_counter() - t_trim)
         rows.append({**snapshot(i, kind, time.perf_counter() - t), "trim_ms": trim_ms})
         stop = rows[-1]["rss"] > args.max_rss_gib * 1024
@@ -358,7 +356,7 @@ def main(argv=None) -> None:
     print(f"peak rss {peak:.0f} MiB; refused attempts {dict(soak.errors)}; abandoned unfinished: {soak.unfinished}; "
           f"adafuse-* temp dirs left: {len(left)}")
     if rows[-1].get("heap_free") is not None:
-        malloc_trim()
+        free_unused_memory()
         after = proc_status()["VmRSS"] / 1024
         print(f"malloc_trim at the end: rss {rows[-1]['rss']:.0f} → {after:.0f} MiB (heap free before "
               f"{rows[-1]['heap_free']:.0f} MiB)")

@@ -33,3 +33,31 @@ def test_slider_boxes_take_whole_counts_and_some_weight():
     with pytest.raises(ConfigError, match="weight is 0"):
         settings(weights=(0, 0))
     assert settings(weights=(0, 0), gate="g.json").gate == "g.json"  # a gate replaces the sliders
+
+
+def test_the_gate_menu_says_what_each_gates_validation_found(tmp_path, monkeypatch):
+    """The menu's words about a gate come from its file's "validated" record: a gate that did not beat equal weights
+    on unseen lines is marked experimental, with its numbers; a changed file is read again."""
+    import json
+
+    from adafuse.gate import Gate
+    from app import ui
+    from tests.test_gate import validated_record
+    monkeypatch.setattr(ui, "GATES", tmp_path)
+    g = Gate.zeros(["a", "b"])
+    g.trained = {"tasks": ["squad"]}
+    g.validated = validated_record()
+    g.save(tmp_path / "qa.json")
+    Gate.zeros(["a", "b"]).save(tmp_path / "plain.json")
+    (tmp_path / "broken.json").write_text("not json")
+    labels = dict((path, label) for label, path in ui.gate_choices())
+    assert set(labels) == {"", str(tmp_path / "qa.json"), str(tmp_path / "plain.json")}  # a broken file is left out
+    qa = labels[str(tmp_path / "qa.json")]
+    assert qa.startswith("qa (experimental): a + b · trained on squad")
+    assert qa.endswith("experimental: −9.1 F1 vs equal weights on 25 unseen SQuAD lines")
+    assert labels[str(tmp_path / "plain.json")].endswith("not validated")
+    raw = json.loads((tmp_path / "qa.json").read_text())
+    raw["validated"].update(helps=True, summary="helps: +4.0 F1 vs equal weights on 50 unseen SQuAD lines")
+    (tmp_path / "qa.json").write_text(json.dumps(raw))
+    qa = dict((path, label) for label, path in ui.gate_choices())[str(tmp_path / "qa.json")]
+    assert qa.startswith("qa: a + b") and qa.endswith("helps: +4.0 F1 vs equal weights on 50 unseen SQuAD lines")

@@ -80,9 +80,9 @@ def test_a_guess_fed_with_a_catch_up_is_taken_kept_through_a_rewind_or_cropped()
 
 
 def test_a_released_view_holds_no_tensors_and_computes_nothing():
-    d = AdaFuse(toy_pair(), DecodeConfig(tau=0.5, branches=3)).start("Q")
-    for _ in d:
-        pass
+    d = AdaFuse(toy_pair(), DecodeConfig(tau=0.5, branches=3, max_words=1)).start("Q")  # three rounds
+    d.step()
+    assert not d.done
     s = d.sessions[1]
     kv = weakref.ref(s.cache.layers[0].keys)  # the live cache after the commits (the prefix store keeps the prompt's)
     counters = (s.forward_passes, s.tokens_fed, s.ids, s.text)
@@ -93,6 +93,26 @@ def test_a_released_view_holds_no_tensors_and_computes_nothing():
     assert (s.forward_passes, s.tokens_fed, s.ids, s.text) == counters
     with pytest.raises(AssertionError, match="released"):
         s.commit(d.trace.output + " big")
+
+
+@pytest.mark.parametrize("end", ["finished", "cancelled", "failed"])
+def test_a_decode_that_ends_lets_go_of_its_views_caches_and_keeps_its_trace(end):
+    d = AdaFuse(toy_pair(), DecodeConfig(tau=0.5, branches=3, max_words=1)).start("Q")  # three rounds
+    d.step()
+    kvs = [weakref.ref(s.cache.layers[0].keys) for s in d.sessions]
+    if end == "finished":
+        for _ in d:
+            pass
+    elif end == "cancelled":
+        d.cancel()
+    else:
+        d.sessions[0].extend = lambda token: 1 / 0  # the model fails in the next round's proposals
+        with pytest.raises(ZeroDivisionError):
+            d.step()
+    gc.collect()
+    assert d.done and all(s.released for s in d.sessions) and all(kv() is None for kv in kvs)
+    assert d.trace.rounds and d.trace.output and d.trace.stop_reason
+    assert d.trace.rounds[-1].steps[0].forward_passes >= 0  # the ledger read the counters, which stay
 
 
 def _decode(models, cfg, park_after=None):
