@@ -105,14 +105,15 @@ def _join_stop_path(s: ModelView, logps, seqs, starts, i: int, a: int) -> None:
 
     From L, the first position where the two tokenizations differ (the end of i's text when the stop's tokens just
     follow it), i's remaining tokens and end marker become one term: log(exp(their sum) + exp(a's path from L)).
-    A stop string that is one pooled end token after the text is already counted; a path that changes tokens of the
+    A stop path that starts with a pooled end token after the text (the stop string itself, or another stop string
+    that starts with one: "\n" then "Question:" where "\n" is a stop too) is already counted; a path that changes tokens of the
     committed text, or a log-prob missing or infinite, adds nothing."""
     real, alt, va = _real(seqs[i]), seqs[a], logps[a]
     lcp = common_prefix(real, alt)
     if lcp < starts[i] or starts[a] != starts[i] or lcp >= len(alt) or not va or not logps[i]:
         return
-    if lcp == len(real) and len(alt) == lcp + 1 and alt[lcp] in s.end_ids:
-        return  # already one of the pooled end tokens
+    if lcp == len(real) and alt[lcp] in s.end_ids:
+        return  # it starts with one of the pooled end tokens: that token's whole probability is counted already
     head, tail = logps[i][: lcp - starts[i]], logps[i][lcp - starts[i]:]
     path = va[lcp - starts[a]:]
     if not tail or not path or not all(math.isfinite(x) for x in path):

@@ -73,3 +73,9 @@ def test_end_tokens_are_eos_and_end_of_turn_only(pair):
     assert gm.end_ids == {gm.tokenizer.eos_token_id} and len(gm.end_ids) < 5
     for special in ("<unused0>", "<bos>", "<start_of_turn>"):  # control tokens: never proposed, never an end
         assert gm.tokenizer.convert_tokens_to_ids(special) in gm.banned_ids
+    # the GGUF's user-defined markers, not marked special, are control tokens too (a bare raw question looped on
+    # them); added tokens that read as text stay
+    for marker in ("<start_of_image>", "<end_of_image>", "[multimodal]"):
+        assert gm.tokenizer.convert_tokens_to_ids(marker) in gm.banned_ids
+    for text in ("<table>", "</td>", "\n\n"):
+        assert gm.tokenizer.convert_tokens_to_ids(text) not in gm.banned_ids

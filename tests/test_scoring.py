@@ -49,6 +49,17 @@ def test_a_stop_string_of_several_tokens_is_the_end_of_the_answer():
     assert tr.output == " x\n" and tr.stop_reason == "stop string"
 
 
+def test_a_stop_path_that_starts_with_an_end_token_is_counted_once():
+    """With stops "\n" and "\nQ:", the token "\n" ends the answer by itself: the path "\n", "Q", ":" is part of
+    that token's probability, not added to it again."""
+    vocab = ["Q", "A", ":", "\n", " x", " y"]
+    m = toy_model("m", vocab, {"A:": {" x": 0.6}, " x": {"\n": 0.5, "<eos>": 0.1}, "\n": {"Q": 0.8}, "\nQ": {":": 0.9}})
+    s = LocalSession(m, "A:", stop=("\n", "\nQ:"))
+    s.commit(" x")
+    (end,) = score_candidates(s, [("", True)], stops=("\n", "\nQ:"))
+    assert end.n_tokens == 1 and end.end_term == pytest.approx(math.log(0.1 + 0.5), abs=1e-5)
+
+
 def test_traces_are_strict_json_with_null_and_a_reason_for_impossible_scores():
     a, _ = toy_pair()
     b = toy_model("b", V, B_RULES)
