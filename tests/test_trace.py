@@ -185,11 +185,14 @@ def test_every_method_writes_traces_that_load():
 
 
 def test_a_stop_strings_path_may_give_a_negative_nll_and_it_loads():
-    """An end term joins the pooled end token "\\n" with the path of the stop "\\nQ" (whose first token is that same
-    "\\n"), so log p(end) reaches log 2 and an NLL dips below 0: the bound allows log(1 + stop strings)."""
-    rules = {" nice": {"\n": 0.98}, "\n": {"Q": 0.99}}
-    d = _decode(toy_pair(a={**A_RULES, **rules}, b={**B_RULES, **rules}),
-                DecodeConfig(stop=("\n", "\nQ"), score_single=True))
+    """An end term adds the paths of stop strings that overlap ("\nQ" and "\nQ.", neither starting with an end
+    token), so log p(end) may pass 0 and an NLL dip below 0: the bound allows log(1 + stop strings). A path that
+    starts with a pooled end token ("\n" a stop itself) is counted once: no NLL below 0."""
+    rules = {" nice": {"\n": 0.98}, "\n": {"Q": 0.99}, "\nQ": {".": 0.99}}
+    pair = toy_pair(a={**A_RULES, **rules}, b={**B_RULES, **rules})
+    once = _decode(pair, DecodeConfig(stop=("\n", "\nQ"), score_single=True))
+    assert min(v for r in once["rounds"] for c in r["candidates"] for v in c["nll"].values() if v is not None) >= 0
+    d = _decode(pair, DecodeConfig(stop=("\nQ", "\nQ."), score_single=True))
     assert min(v for r in d["rounds"] for c in r["candidates"] for v in c["nll"].values() if v is not None) < 0
     Trace.from_dict(d)
     d["settings"]["stop"] = []  # without stop strings the same numbers are impossible

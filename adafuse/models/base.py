@@ -137,15 +137,15 @@ def tokenizer_adds_bos(tokenizer) -> bool:
     return bool(ids) and ids[0] == bos
 
 
-# added tokens that read as text even when not marked special: runs of whitespace and HTML-like tags (Gemma's <table>,
-# Qwen's <think>); any other added token is a control marker (Gemma GGUF's <start_of_image> and [multimodal])
+# added tokens that read as text even when not marked special: runs of whitespace and HTML-like tags (<table>,
+# <think>); any other added token is a control marker (a GGUF's user-defined <start_of_image> or [multimodal])
 _TEXT_LIKE = re.compile(r"\s+|</?[A-Za-z][A-Za-z0-9]*>")
 
 
 def special_ids(tokenizer, vocab: int) -> set[int]:
     """Every special token of the tokenizer inside a vocabulary of `vocab` rows: those marked special, and added tokens
-    that are control markers although not marked (a GGUF's user-defined tokens such as Gemma's <start_of_image>, which
-    a raw prompt can otherwise make the model repeat)."""
+    that are control markers although not marked (a GGUF's user-defined tokens such as <start_of_image>, which a raw
+    prompt can otherwise make the model repeat)."""
     ids = set(getattr(tokenizer, "all_special_ids", []) or [])
     for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
         content = getattr(tok, "content", "")
