@@ -7,11 +7,14 @@ from .trace import ModelStep
 from .view import ModelView
 
 SPEC_COUNTERS = ("draft_tokens", "accepted_tokens", "verify_passes", "scores_from_drafts")
+# many decodes at once (models/batching.py): forwards shared with other decodes, and the decodes in them
+BATCH_COUNTERS = ("shared_passes", "riders")
+COUNTERS = SPEC_COUNTERS + BATCH_COUNTERS
 
 
 def snapshot(s: ModelView) -> tuple:
-    """A model's cost counters now: forward passes, tokens fed, seconds, cached prompt tokens, then SPEC_COUNTERS."""
-    return (*s.stats(), *(getattr(s, key) for key in SPEC_COUNTERS))
+    """A model's cost counters now: forward passes, tokens fed, seconds, cached prompt tokens, then COUNTERS."""
+    return (*s.stats(), *(getattr(s, key, 0) for key in COUNTERS))
 
 
 class Ledger:
@@ -30,6 +33,6 @@ class Ledger:
             step.tokens_fed += now[1] - before[1]
             step.seconds += now[2] - before[2]
             step.cached_tokens += now[3] - before[3]
-            for k, key in enumerate(SPEC_COUNTERS):
+            for k, key in enumerate(COUNTERS):
                 setattr(step, key, getattr(step, key) + now[4 + k] - before[4 + k])
             self.charged[i] = now

@@ -13,6 +13,7 @@ from .ending import Ending
 from .errors import ConfigError, PromptError
 from .gate import Gate, entropy, features, load_gate
 from .models import LoadedModel
+from .models.batching import Rider, working
 from .methods import METHODS, Method, Proposed, RoundContext, make_method
 from .parallel import Workers
 from .scoring import score_candidates
@@ -47,9 +48,11 @@ class Decoding:
         # `threads`: torch CPU threads per worker (default: the cores shared out)
         self.workers = Workers(self.models, parallel, threads, probe=kind.overlaps)
         weakref.finalize(self, self.workers.close)
-        self.sessions: list[ModelView] = self.workers.map(
-            lambda m: self.models[m].open_view(prompt, config.mode, config.stop, config.system, config.thinking),
-            range(len(self.models)))
+        self.rider = Rider()  # this decode at the models' batchers (many decodes at once share forwards)
+        with self.rider.working():
+            self.sessions: list[ModelView] = self.workers.map(
+                lambda m: self.models[m].open_view(prompt, config.mode, config.stop, config.system, config.thinking),
+                range(len(self.models)))
         self.trace = Trace(
             prompt=prompt, models=self.names, settings=config.to_dict(),
             prompt_modes={n: s.mode_used for n, s in zip(self.names, self.sessions)},
@@ -79,6 +82,7 @@ class Decoding:
         self.done = False
 
     # ---- one round ----
+    @working
     def propose(self) -> Round:
         """Decide the next round (proposals, pool, scores, winner) without appending it."""
         if self.done:
@@ -263,6 +267,7 @@ class Decoding:
         stops = self.ending.stops
         return bool(stops and p.eos and p.tokens) and self.sessions[m].vocab_texts()[p.tokens[-1]].startswith(stops)
 
+    @working
     def commit(self, choice: int | None = None) -> Round:
         """Append the winner (or candidate `choice`, marking the round overridden) and apply stop rules."""
         r = self.propose()

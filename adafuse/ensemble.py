@@ -1,12 +1,14 @@
 """The library's entry point: an ensemble of models with its settings, decoding prompts into traces."""
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from .config import DecodeConfig
 from .decoder import Decoding
 from .models import LoadedModel, get_model
+from .many import DEFAULT_CONCURRENCY, run_many
 from .methods import METHODS
 from .replay import branch_from
 from .trace import Round, Trace
@@ -38,6 +40,12 @@ class AdaFuse:
         for _ in d:
             pass
         return d.trace
+
+    def generate_many(self, prompts: Iterable[str], concurrency: int = DEFAULT_CONCURRENCY) -> list[Trace]:
+        """Decode every prompt with up to `concurrency` decodes in flight; the traces in the prompts' order, each
+        the trace `generate` gives for that prompt alone (the models' forwards are shared among the decodes in flight:
+        models/batching.py). The first prompt that fails raises its error."""
+        return list(run_many([functools.partial(self.generate, p) for p in prompts], concurrency))
 
     def branch(self, trace: Trace, round_index: int, candidate: int) -> Decoding:
         """`branch_from` with these models: the trace's own settings decide, not this object's config."""

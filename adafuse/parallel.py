@@ -1,6 +1,7 @@
 """One phase of a round (prefill, proposing, scoring, committing) on every model at once: one worker per model."""
 from __future__ import annotations
 
+import contextvars
 import os
 import time
 import weakref
@@ -179,7 +180,9 @@ class Workers:
         by_group: dict[int, list[int]] = {}
         for i in indices:
             by_group.setdefault(self.group[i], []).append(i)
-        futures = {g: self.pool[g].submit(self._run, fn, members) for g, members in by_group.items()}
+        # each worker runs in the caller's context (the decode's rider: models/batching.py)
+        futures = {g: self.pool[g].submit(contextvars.copy_context().run, self._run, fn, members)
+                   for g, members in by_group.items()}
         done: dict[int, T] = {}
         error: BaseException | None = None
         for g, members in by_group.items():
@@ -196,7 +199,7 @@ class Workers:
         worker runs what it is given in order, so a later `map` over model i starts once this call has finished."""
         if not (self.enabled and self.parallel):
             return None
-        return self.pool[self.group[i]].submit(self._run, fn, [i])
+        return self.pool[self.group[i]].submit(contextvars.copy_context().run, self._run, fn, [i])
 
     def close(self) -> None:
         for p in self.pool:

@@ -68,6 +68,10 @@ class ModelStep:
     accepted_tokens: int = 0
     verify_passes: int = 0
     scores_from_drafts: int = 0
+    # many decodes at once: forwards this round shared with other decodes' forwards, and the decodes in them (summed
+    # over those forwards: riders / shared_passes decodes per shared forward)
+    shared_passes: int = 0
+    riders: int = 0
     # an explore step: how its first tokens were chosen (adafuse/selection.py): {"strategy", "lambda", "bandwidth",
     # "tokens": [{token, rank, text, end, p, logp, penalty, score, picked, order, skip, like, similarity}]}
     selection: dict = field(default_factory=dict)

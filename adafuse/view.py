@@ -51,6 +51,9 @@ class ModelView(ABC):
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.scores_from_drafts = 0  # rounds whose scoring forward a verifying forward made unnecessary
+        # many decodes at once: forwards shared with other decodes, and the decodes in them (summed over those)
+        self.shared_passes = 0
+        self.riders = 0
 
     # ---- text <-> tokens ----
     @abstractmethod

@@ -123,10 +123,18 @@ def main(argv=None) -> int:
     p.add_argument("--remote", action="store_true",
                    help="instead: the first model served by a vLLM server started here (./dev vllm) vs local, "
                         "on the TriviaQA questions")
+    p.add_argument("--concurrency", nargs="+", type=int, metavar="N",
+                   help="instead: AdaFuse B=3 with N decodes in flight at each of these levels (bench_many.py; "
+                        "e.g. --concurrency 1 2 4 8 16 --trivia 32 --gsm8k 8)")
     args = p.parse_args(argv)
     if args.remote:
         return remote_bench(args)
     models = [get_model(m) for m in args.models]
+    if args.concurrency:
+        from ..many import check_concurrency
+        from .bench_many import concurrency_bench
+        work = [(t, prompt, replace(cfg, branches=3)) for t, prompt, cfg in tasks(args.data, args.trivia, args.gsm8k)]
+        return concurrency_bench(models, work, [check_concurrency(n) for n in args.concurrency])
     methods = {}
     for name, kw in (("AdaFuse B=1", dict(branches=1)), ("AdaFuse B=3", dict(branches=3)),
                      ("mixture (ME, greedy words)", dict(method="mixture", temperature=0.0))):

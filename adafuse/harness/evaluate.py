@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 import sys
@@ -14,6 +15,7 @@ from ..config import DecodeConfig
 from ..ensemble import AdaFuse
 from ..methods import METHODS, method_specs
 from ..errors import ConfigError
+from ..many import check_concurrency, run_many
 from ..models import ModelRegistry, default_registry
 from .figures import word_shares
 from .metrics import corpus_scores
@@ -119,11 +121,13 @@ def set_aside_cut_line(path: Path, warn=print) -> Path | None:
 def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = DEFAULT_DATA, limit: int | None = None,
              base: dict | None = None, on_bad_line: str = "skip", progress: bool = True, warn=None,
              trust_remote_code: bool = False, registry: ModelRegistry | None = None,
-             lines: tuple[int, int] | None = None) -> Path:
+             lines: tuple[int, int] | None = None, concurrency: int = 1) -> Path:
     """Run every method on the first `limit` examples (of the data lines `lines`, both ends included, when given);
     results are appended line by line, keyed by data line and method, so a rerun resumes. `trust_remote_code` lets
     models whose repository ships its own Python run it; `registry` holds the models (default: the library's default
-    registry)."""
+    registry). `concurrency`: decodes in flight at once (adafuse/many.py), each row's "seconds" then the wall time of
+    its decode while sharing the machine (and "in_flight" says with how many)."""
+    check_concurrency(concurrency)
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
     examples = read_examples(data_dir / task.folder / task.file, limit, on_bad_line, warn, lines)
     head = (data_dir / task.folder / task.prompt_file).read_text(encoding="utf-8")
@@ -141,20 +145,25 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(todo), desc=task.name, unit="run", file=sys.stderr)
+    def job(no, ex, run):
+        settings = {"stop": task.stop, "max_new_words": task.max_new_words,
+                    "max_new_tokens": 4 * task.max_new_words, **(base or {}), **run.settings}
+        if len(run.models) == 1:  # a model alone: the ensemble's per-model weights do not apply
+            settings.pop("weights", None)
+            settings.pop("gate", None)
+        cfg = DecodeConfig(**settings)
+        t0 = time.perf_counter()
+        trace = AdaFuse([models[n] for n in run.models], cfg).generate(task.prompt(head, ex["question"]))
+        pred = task.extract(trace.output)
+        return {"task": task.name, "line": no, "method": run.label, "question": ex["question"], "prediction": pred,
+                "gold": ex["answer"], "scores": task.score(pred, ex["answer"]),
+                "seconds": time.perf_counter() - t0, **({"in_flight": concurrency} if concurrency > 1 else {}),
+                "trace": trace.to_dict()}
+
+    # rows are written in the order of the data lines and methods whatever the concurrency (the decodes in flight
+    # finish in any order); an interrupted run loses at most the examples in flight
     with out.open("a", encoding="utf-8") as sink:
-        for no, ex, run in todo:
-            settings = {"stop": task.stop, "max_new_words": task.max_new_words,
-                        "max_new_tokens": 4 * task.max_new_words, **(base or {}), **run.settings}
-            if len(run.models) == 1:  # a model alone: the ensemble's per-model weights do not apply
-                settings.pop("weights", None)
-                settings.pop("gate", None)
-            cfg = DecodeConfig(**settings)
-            t0 = time.perf_counter()
-            trace = AdaFuse([models[n] for n in run.models], cfg).generate(task.prompt(head, ex["question"]))
-            pred = task.extract(trace.output)
-            row = {"task": task.name, "line": no, "method": run.label, "question": ex["question"],
-                   "prediction": pred, "gold": ex["answer"], "scores": task.score(pred, ex["answer"]),
-                   "seconds": time.perf_counter() - t0, "trace": trace.to_dict()}
+        for row in run_many([functools.partial(job, *item) for item in todo], concurrency):
             sink.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
             sink.flush()
             if bar:

@@ -12,6 +12,7 @@ import torch
 
 from ..errors import ModelLoadError, ModelNotFoundError
 from .base import LoadedModel, special_ids, tokenizer_adds_bos
+from .batching import Batcher
 from .base import end_ids as find_end_ids
 from .catalog import BUNDLED, PAPER_MODELS
 from .cpu import use_cpu_kernels
@@ -37,6 +38,16 @@ class LocalModel(LoadedModel):
     # seconds of the side-by-side probe (parallel.py) this model led, by weak references to the models measured
     # together (a reference to a model gone never matches a later one) and the thread counts
     side_by_side: dict = field(default_factory=dict, repr=False)
+    _batcher: Batcher | None = field(default=None, init=False, repr=False)
+
+    @property
+    def batcher(self) -> Batcher:
+        """Every forward of this model's views goes through it: the forwards of decodes running at once share one
+        (models/batching.py). Made at the first forward, once the CPU kernels are chosen."""
+        with self.tokenizer_lock:
+            if self._batcher is None:
+                self._batcher = Batcher(self.model)
+            return self._batcher
 
     @property
     def device(self) -> torch.device:

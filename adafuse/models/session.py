@@ -117,21 +117,21 @@ class LocalSession(TokenizedView):
     def _feed(self, new: list[int], last: int = 1) -> torch.Tensor:
         """Feed tokens on the live cache; returns (last, V) float32 log-probs after each of the `last` last ones."""
         assert not self.released, "this view was released (its decode is over): open a new one"
-        t0 = time.perf_counter()
-        input_ids = torch.tensor([new], device=self.lm.device)  # (1, T)
         # Only the last positions' logits are needed: skipping the rest spares a (T, V) head product.
-        out = self.lm.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=last)
+        req = self.lm.batcher.forward([list(new)], self.cache, keep=last)
         self.cached_ids = self.cached_ids + list(new)
-        self.forward_passes += 1
         self.tokens_fed += len(new)
-        return self._timed(t0, torch.log_softmax(out.logits[0].float(), dim=-1))  # (T, V)
+        return self._charged(req, req.logprobs[0])  # (last, V)
 
-    def _timed(self, t0: float, result: torch.Tensor) -> torch.Tensor:
-        """Charge the seconds since `t0`; on CUDA once the kernels queued on this stream have run (asynchronous)."""
-        if result.device.type == "cuda":
-            torch.cuda.current_stream(result.device).synchronize()
-        self.seconds += time.perf_counter() - t0
-        return result
+    def _charged(self, req, logprobs: torch.Tensor) -> torch.Tensor:
+        """A served request's forward counted, with its share of the forward's seconds (a forward shared with other
+        decodes is split among them by positions) and the decodes that rode in it; returns `logprobs`."""
+        self.seconds += req.seconds
+        self.forward_passes += 1
+        if req.riders > 1:
+            self.shared_passes += 1
+            self.riders += req.riders
+        return logprobs
 
     @_awake
     def extend(self, token: int) -> torch.Tensor:
@@ -334,12 +334,9 @@ class LocalSession(TokenizedView):
     @torch.inference_mode()
     def run(self, cache: DynamicCache, rows: list[list[int]]) -> torch.Tensor:
         """One batched forward of equal-length `rows` on a side cache; returns (N, T, V) log-probs."""
-        t0 = time.perf_counter()
-        input_ids = torch.tensor(rows, device=self.lm.device)  # (N, T)
-        logits = self.lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True).logits  # (N, T, V)
-        self.forward_passes += 1
-        self.tokens_fed += input_ids.numel()
-        return self._timed(t0, torch.log_softmax(logits.float(), dim=-1))
+        req = self.lm.batcher.forward(rows, cache)
+        self.tokens_fed += len(rows) * len(rows[0])
+        return self._charged(req, req.logprobs)
 
     def stats(self) -> tuple[int, int, float, int]:
         return self.forward_passes, self.tokens_fed, self.seconds, 0

@@ -1,0 +1,445 @@
+"""Many decodes at once: each local model's forwards from every live decode, gathered into one packed forward.
+
+Every forward a view of a local model needs (a prefill chunk, one token of a confident span, exploration rows, scoring
+rows, speculative drafts) is a `Request`: rows of equal length fed after a cache of their own. A model's `Batcher`
+runs the requests that are waiting at the same moment as one forward: their tokens side by side in one sequence (no
+padding), each token at its own position, and attention computed per request against that request's own cache (the
+same shapes, masks and kernel as a request alone); only the layers that see one token at a time (projections, MLP,
+output layer) run once over all of them, which is where one forward per decode left the hardware idle.
+
+When does a batch start? Each decode has a `Rider`, working while it computes a step and waiting while one of its
+forwards is queued or running. A batch starts when no rider that uses this model is working (every live decode has
+asked for its next forward or waits on another model), or when the oldest request has waited GATHER_SECONDS (a decode
+busy elsewhere never holds the others back for longer). Decodes join and leave whenever they start and end: a batch
+is whatever is waiting, not a lock-step group. A request alone runs at once, in its caller's thread, through the same
+code (so one decode computes the same numbers alone as in company, up to the last bits of the shared layers).
+
+Caps (`max_rows`, `max_tokens`) bound one forward: requests past them wait for the next one (back-pressure; a request
+larger than the caps runs alone). A batch that fails is retried request by request, so one decode's error (a prompt too
+long for the memory) never reaches the others.
+
+The riders, the batchers' queues and their states share one condition (`_GATE`): a rider that starts waiting at one
+model may be what another model's batcher is waiting for.
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+import functools
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+# The attention implementation a batched model runs (registered with transformers under this name): per request, the
+# model's own attention function (`inner`) on that request's queries, keys and values.
+PACKED = "adafuse_packed"
+# Longest a request waits for decodes still working before its batch starts anyway.
+GATHER_SECONDS = 0.05
+# Default caps on one packed forward: rows (requests' rows) and token positions.
+MAX_ROWS = 256
+MAX_TOKENS = 8192
+
+_GATE = threading.Condition()
+_RIDER: contextvars.ContextVar["Rider | None"] = contextvars.ContextVar("adafuse_rider", default=None)
+_PACKING = threading.local()  # the packed forward running in this thread (its requests, their keys and values)
+
+
+class Rider:
+    """One decode's presence at the batchers of the models it uses. `working()` marks the span of a step (the
+    batchers wait for a working rider's next request); a rider not inside one is idle and never waited for (a decode
+    a page keeps between Step presses, a finished one)."""
+
+    def __init__(self):
+        self.working_depth = 0
+        self.waiting = 0
+
+    @contextmanager
+    def working(self):
+        """The decode computes: its forwards carry this rider, and batchers expect its requests."""
+        token = _RIDER.set(self)
+        with _GATE:
+            self.working_depth += 1
+        try:
+            yield self
+        finally:
+            with _GATE:
+                self.working_depth -= 1
+                _GATE.notify_all()
+            _RIDER.reset(token)
+
+    @property
+    def expected(self) -> bool:
+        """Working and not waiting for a forward: its next request may come any moment (read under _GATE)."""
+        return self.working_depth > 0 and self.waiting == 0
+
+
+def working(method):
+    """A method of an object with a `rider` that computes: the rider is working meanwhile (the models' batchers wait
+    for its forwards to share theirs with it)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self.rider.working():
+            return method(self, *args, **kwargs)
+    return call
+
+
+def current_rider() -> Rider | None:
+    return _RIDER.get()
+
+
+@dataclass(eq=False)
+class Request:
+    """Rows of equal length fed after the positions `cache` holds (one cache row per row); `keep` last positions'
+    next-token distributions are wanted per row (None: all). The batcher fills `logprobs` (N, kept, V) float32,
+    `seconds` (its share of the forward, by positions) and `riders` (decodes in that forward), or `error`."""
+    rows: list[list[int]]
+    cache: object
+    keep: int | None = None
+    rider: Rider | None = None
+    since: float = field(default_factory=time.monotonic)
+    done: bool = False
+    logprobs: torch.Tensor | None = None
+    seconds: float = 0.0
+    riders: int = 1
+    error: BaseException | None = None
+
+    @property
+    def positions(self) -> int:
+        return len(self.rows) * len(self.rows[0])
+
+
+class Batcher:
+    """The forwards of one local model: `forward` queues a request and returns when a forward has run it."""
+
+    def __init__(self, model: torch.nn.Module, max_rows: int = MAX_ROWS, max_tokens: int = MAX_TOKENS):
+        self.model = model
+        self.max_rows, self.max_tokens = max_rows, max_tokens
+        self.packed = use_packed_attention(model)  # False: a model that cannot pack runs its requests one by one
+        self.queue: list[Request] = []
+        self.running = False
+        self.free_since = 0.0  # when the last forward ended
+        self.riders: weakref.WeakSet[Rider] = weakref.WeakSet()  # riders that sent a request here
+        # what it did: forwards run, requests served, the most requests and positions one forward carried
+        self.forwards = self.requests = self.peak_requests = self.peak_positions = 0
+
+    def forward(self, rows: list[list[int]], cache, keep: int | None = None) -> Request:
+        """Feed `rows` (equal lengths) after `cache`'s positions, in a forward with whatever else waits; returns the
+        served request (its `logprobs`, `seconds`, `riders`), or raises the error its forward raised."""
+        assert rows and all(len(r) == len(rows[0]) for r in rows) and rows[0], "rows of equal, non-zero length"
+        req = Request([list(r) for r in rows], cache, keep, current_rider())
+        with _GATE:
+            if req.rider is not None:
+                self.riders.add(req.rider)
+                req.rider.waiting += 1
+            self.queue.append(req)
+            _GATE.notify_all()
+        try:
+            while True:
+                with _GATE:
+                    while not req.done and (self.running or not self._ready()):
+                        _GATE.wait(self._wait_left())
+                    if req.done:
+                        break
+                    batch = self._take()
+                    self.running = True
+                try:
+                    self._run(batch)
+                finally:
+                    with _GATE:
+                        self.running = False
+                        self.free_since = time.monotonic()
+                        for r in batch:
+                            r.done = True
+                        _GATE.notify_all()
+        finally:
+            if req.rider is not None:
+                with _GATE:
+                    req.rider.waiting -= 1
+                    _GATE.notify_all()
+        if req.error is not None:
+            raise req.error
+        return req
+
+    # ---- scheduling (under _GATE) ----
+    def _waited(self) -> float:
+        """How long the oldest request has waited for others since the model was free (not behind a forward)."""
+        return time.monotonic() - max(self.queue[0].since, self.free_since)
+
+    def _ready(self) -> bool:
+        if not self.queue:
+            return False
+        if self._waited() >= GATHER_SECONDS:
+            return True
+        return not any(r.expected for r in self.riders)
+
+    def _wait_left(self) -> float:
+        if not self.queue:
+            return GATHER_SECONDS
+        return max(0.001, GATHER_SECONDS - self._waited())
+
+    def _take(self) -> list[Request]:
+        """The queued requests, oldest first, as many as the caps allow (at least one)."""
+        batch, rows, positions = [], 0, 0
+        for r in self.queue:
+            if batch and (rows + len(r.rows) > self.max_rows or positions + r.positions > self.max_tokens):
+                break
+            batch.append(r)
+            rows, positions = rows + len(r.rows), positions + r.positions
+        del self.queue[: len(batch)]
+        return batch
+
+    # ---- running (outside _GATE) ----
+    def _run(self, batch: list[Request]) -> None:
+        try:
+            self._forward(batch)
+        except BaseException as exc:  # noqa: BLE001 - each request gets its own answer below
+            if len(batch) == 1:
+                batch[0].error = exc
+                return
+            for r in batch:  # one request's trouble (memory, a bad row) must not fail the others
+                try:
+                    self._forward([r])
+                except BaseException as one:  # noqa: BLE001 - raised in that request's own thread
+                    r.error = one
+
+    @torch.inference_mode()
+    def _forward(self, batch: list[Request]) -> None:
+        with _full_threads(), _turn(self.model):
+            t0 = time.perf_counter()
+            if self.packed:
+                outs = packed_forward(self.model, batch)
+            else:
+                outs = [torch.log_softmax(_plain_forward(self.model, r).float(), dim=-1) for r in batch]
+            if outs and outs[0].device.type == "cuda":
+                torch.cuda.current_stream(outs[0].device).synchronize()
+            seconds = time.perf_counter() - t0
+        total = sum(r.positions for r in batch)
+        decodes = len({id(r.rider) if r.rider is not None else id(r) for r in batch})
+        for r, logprobs in zip(batch, outs):
+            r.logprobs, r.seconds, r.riders = logprobs, seconds * r.positions / total, decodes
+        self.forwards += 1
+        self.requests += len(batch)
+        self.peak_requests = max(self.peak_requests, len(batch))
+        self.peak_positions = max(self.peak_positions, total)
+
+
+_CPU_TURN = threading.Lock()
+_LEAN = threading.local()
+
+
+def lean_thread() -> None:
+    """Make this thread (one of many decodes' threads) compute its own small tensor work on one CPU thread: many
+    threads each starting a team of CPU threads for an argmax would crowd the cores a batched forward needs. A forward
+    it leads still gets the budget the thread had (`_full_threads`)."""
+    _LEAN.budget = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+
+@contextmanager
+def _full_threads():
+    budget = getattr(_LEAN, "budget", None)
+    if budget is None:
+        yield
+        return
+    torch.set_num_threads(budget)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(1)
+
+
+
+@contextmanager
+def _turn(model):
+    """A forward that uses every core of this machine's CPU waits for another one that does (two models' batches at
+    once would each run at half speed, and threads spinning on busy cores lose more); on a GPU, or with a thread budget
+    of its own (models side by side, `parallel.Workers`), it goes at once."""
+    if _device(model).type != "cpu" or torch.get_num_threads() < (os.cpu_count() or 1):
+        yield
+        return
+    with _CPU_TURN:
+        yield
+
+
+def _plain_forward(model, r: Request) -> torch.Tensor:
+    """One request as the model's own forward computes it (a model that cannot pack)."""
+    ids = torch.tensor(r.rows, device=_device(model))
+    kw = {"logits_to_keep": r.keep} if r.keep is not None else {}
+    logits = model(input_ids=ids, past_key_values=r.cache, use_cache=True, **kw).logits
+    return logits if r.keep is None else logits[:, -r.keep:]
+
+
+def _device(model) -> torch.device:
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return emb.weight.device if emb is not None else next(model.parameters()).device
+
+
+# ---- the packed forward ----
+@dataclass
+class _Segment:
+    """One request inside a packed forward: its rows × length tokens from `start` in the packed sequence, after
+    `past` cached positions."""
+    request: Request
+    start: int
+    rows: int
+    length: int
+    past: int
+    masks: dict = field(default_factory=dict)  # by sliding window (None: full attention)
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.rows * self.length
+
+    def mask(self, window: int | None, device) -> torch.Tensor | None:
+        """(1, 1, T, past + T) booleans, True where a position may look: causal after the past (and inside the
+        sliding window); None where the kernel's own causal rule is the same (nothing past, or one new position)."""
+        cut = window is not None and self.past + self.length > window
+        if not cut and (self.past == 0 or self.length == 1):
+            return None
+        if window not in self.masks:
+            q = torch.arange(self.past, self.past + self.length, device=device)[:, None]
+            k = torch.arange(self.past + self.length, device=device)[None, :]
+            visible = k <= q
+            if window is not None:
+                visible &= k > q - window
+            self.masks[window] = visible[None, None]
+        return self.masks[window]
+
+
+class _PackedCache:
+    """The cache a packed forward sees: each layer's new keys and values go to their own request's cache, and the
+    full keys and values per request wait for the attention of that layer."""
+
+    def __init__(self, segments: list[_Segment]):
+        self.segments = segments
+        self.kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def update(self, key, value, layer_idx, cache_kwargs=None):
+        full = []
+        for s in self.segments:
+            k = _unpack(key, s)
+            v = _unpack(value, s)
+            full.append(s.request.cache.update(k, v, layer_idx))
+        self.kv[layer_idx] = full
+        return key, value
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def get_mask_sizes(self, cache_position, layer_idx: int = 0):
+        return cache_position.shape[0], 0
+
+
+def _unpack(x: torch.Tensor, s: _Segment) -> torch.Tensor:
+    """(1, H, S, D) packed → (rows, H, T, D) of one segment."""
+    part = x[0, :, s.start: s.stop]  # (H, rows·T, D)
+    return part.reshape(part.shape[0], s.rows, s.length, part.shape[-1]).transpose(0, 1)
+
+
+def packed_forward(model, batch: list[Request]) -> list[torch.Tensor]:
+    """Run the requests as one sequence; returns each request's (rows, kept, V) float32 log-probs (computed here for
+    the whole forward at once: over a large vocabulary they cost as much as a small forward's layers)."""
+    device = _device(model)
+    segments, ids, positions, keep, start = [], [], [], [], 0
+    for r in batch:
+        n, t, past = len(r.rows), len(r.rows[0]), r.cache.get_seq_length()
+        s = _Segment(r, start, n, t, past)
+        segments.append(s)
+        for row in r.rows:
+            ids.extend(row)
+        positions.append(torch.arange(past, past + t).repeat(n))
+        kept = t if r.keep is None else min(r.keep, t)
+        keep.append((torch.arange(t - kept, t)[None, :] + torch.arange(n)[:, None] * t + start).reshape(-1))
+        start = s.stop
+    cache = _PackedCache(segments)
+    keep_at = torch.cat(keep)
+    _PACKING.run = (segments, cache)
+    try:
+        out = model(input_ids=torch.tensor([ids], device=device),
+                    position_ids=torch.cat(positions)[None].to(device),
+                    cache_position=torch.arange(start, device=device), past_key_values=cache, use_cache=True,
+                    logits_to_keep=keep_at.to(device))
+    finally:
+        _PACKING.run = None
+    logits, outs, at = torch.log_softmax(out.logits[0].float(), dim=-1), [], 0
+    for s in segments:
+        kept = s.length if s.request.keep is None else min(s.request.keep, s.length)
+        outs.append(logits[at: at + s.rows * kept].reshape(s.rows, kept, -1))
+        at += s.rows * kept
+    return outs
+
+
+def packed_attention(module, query, key, value, attention_mask, **kwargs):
+    """Attention of a packed forward: per request, the model's own attention function (`inner`) on its queries and
+    its full keys and values, with its causal mask. Outside a packed forward (a direct call of the model), the inner
+    function as it is."""
+    inner = _inner(module)
+    run = getattr(_PACKING, "run", None)
+    if run is None:
+        return inner(module, query, key, value, attention_mask, **kwargs)
+    segments, cache = run
+    window = kwargs.get("sliding_window")
+    outs = []
+    for s, (k, v) in zip(segments, cache.kv[module.layer_idx]):
+        q = _unpack(query, s)
+        mask = s.mask(window, query.device)
+        if mask is not None and _float_masks(module):
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
+        o, _ = inner(module, q, k, v, mask, **kwargs)  # (rows, T, H, D)
+        outs.append(o.reshape(1, s.rows * s.length, *o.shape[2:]))
+    return torch.cat(outs, 1), None
+
+
+def _inner_name(module) -> str:
+    return getattr(module.config, "_adafuse_inner_attention", "sdpa")
+
+
+def _inner(module):
+    from transformers import AttentionInterface
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+    name = _inner_name(module)
+    return eager_attention_forward if name == "eager" else AttentionInterface._global_mapping[name]
+
+
+def _float_masks(module) -> bool:
+    return _inner_name(module) == "eager"
+
+
+def packed_mask(*args, **kwargs):
+    """The mask transformers builds before the layers: none inside a packed forward (each request's own is made per
+    layer), the inner attention's own otherwise."""
+    if getattr(_PACKING, "run", None) is not None:
+        return None
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
+    config = kwargs.get("config")
+    name = getattr(config, "_adafuse_inner_attention", "sdpa")
+    fn = eager_mask if name == "eager" else ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(name, sdpa_mask)
+    return fn(*args, **kwargs)
+
+
+def use_packed_attention(model) -> bool:
+    """Make `model` run `packed_attention` (its own attention function kept as the inner one); False when it cannot
+    (no transformers attention interface: a toy model, a model class that cannot switch)."""
+    cfg = getattr(model, "config", None)
+    if not hasattr(model, "set_attn_implementation") or cfg is None:
+        return False
+    current = getattr(cfg, "_attn_implementation", None)
+    if current == PACKED:
+        return True
+    if current not in ("sdpa", "eager") and not str(current).startswith("adafuse_"):
+        return False  # flash or paged kernels take no per-request masks here
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    AttentionInterface.register(PACKED, packed_attention)  # idempotent: the same function under the same name
+    AttentionMaskInterface.register(PACKED, packed_mask)
+    for c in {id(c): c for c in (cfg, getattr(cfg, "text_config", None)) if c is not None}.values():
+        c._adafuse_inner_attention = current
+    try:
+        model.set_attn_implementation(PACKED)
+    except (ValueError, KeyError, TypeError):
+        return False
+    return getattr(cfg, "_attn_implementation", None) == PACKED
