@@ -4,6 +4,8 @@
 #   ./dev python -m adafuse.harness.gpu_check --prepare bench/gpu
 # On the GPU box (torch + transformers installed, no Hub needed):
 #   bench/gpu_check.sh            # prints the checks and the table; full numbers in ${OUT:-/tmp}/gpu_check.json
+#   bench/gpu_check.sh --concurrency 1 8 32 64   # many decodes at once: examples/min at each level, outputs compared
+#                                                # with one at a time (target: >= 10x at 32 in flight)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

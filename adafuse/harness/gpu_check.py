@@ -122,6 +122,10 @@ def main(argv=None) -> int:
     p.add_argument("--words", type=int, default=24, help="words per answer")
     p.add_argument("--tiny", action="store_true", help="2-layer models (check the script itself, e.g. on CPU)")
     p.add_argument("--out", type=Path, help="write every number as JSON here")
+    p.add_argument("--concurrency", nargs="+", type=int, metavar="N",
+                   help="instead of the methods' table: AdaFuse B=3 with N decodes in flight at each level (e.g. 1 8 "
+                        "32 64; as many prompts as the highest level, the questions repeated), outputs compared with "
+                        "one at a time")
     args = p.parse_args(argv)
     if args.prepare:
         from .tasks import DEFAULT_DATA
@@ -145,6 +149,13 @@ def main(argv=None) -> int:
         small = [build(shape, args.dir / shape["tokenizer"], device, True, torch.float32) for shape in spec["models"]]
         problems += check_cache(small, prompts[0])
         del small
+    if args.concurrency:
+        from ..many import check_concurrency
+        from .bench_many import concurrency_bench
+        levels = [check_concurrency(n) for n in args.concurrency]
+        cfg = DecodeConfig(max_new_words=args.words, max_new_tokens=4 * args.words, branches=3)
+        work = [("triviaqa", prompts[i % len(prompts)], cfg) for i in range(max(levels))]
+        return concurrency_bench(models, work, levels, rounds=1) or (1 if problems else 0)
     rows, numbers, ref = [], {}, spec.get("reference")
     runs = [(f"{lm.name} greedy", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
     for b in (1, 3):
