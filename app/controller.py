@@ -16,6 +16,7 @@ from adafuse.explain import token_view
 from adafuse.report import candidate_label
 from adafuse.errors import AdafuseError, ConfigError
 from adafuse.harness.evaluate import parse_methods
+from adafuse.many import DEFAULT_CONCURRENCY
 from adafuse.methods import METHODS, method_specs
 from adafuse.models import ModelRegistry, is_served_spec, parse_spec
 
@@ -33,7 +34,7 @@ def decode_slots(value: str) -> int:
     """ADAFUSE_DECODE_SLOTS: how many decodes run at once, a whole number from 1."""
     if not value.strip().isdigit() or int(value) < 1:
         raise ConfigError(f"ADAFUSE_DECODE_SLOTS={value!r} is invalid: set a whole number from 1 (decodes at once "
-                          "on this server), or unset it for 2")
+                          f"on this server), or unset it for {DEFAULT_CONCURRENCY}")
     return int(value)
 
 
@@ -41,9 +42,10 @@ _LIVE = threading.Lock()  # a Run's thread takes the settings a visitor's other 
 
 # The app's models: every visitor's decodes share them (each loaded once; the least recently used unloaded for room)
 MODELS = ModelRegistry()
-# Decodes at once on this server (ADAFUSE_DECODE_SLOTS, default 2: one model already uses both cores of a small CPU
-# box); more visitors wait in line for a slot with a measured estimate, up to DECODE_QUEUE handlers in Gradio's queue
-SLOTS = Slots(decode_slots(os.environ.get("ADAFUSE_DECODE_SLOTS", "2")))
+# Decodes at once on this server (ADAFUSE_DECODE_SLOTS, default many.DEFAULT_CONCURRENCY: the decodes in flight share
+# each model's forwards, models/batching.py); more visitors wait in line for a slot with a measured estimate, up to
+# DECODE_QUEUE handlers in Gradio's queue
+SLOTS = Slots(decode_slots(os.environ.get("ADAFUSE_DECODE_SLOTS", str(DEFAULT_CONCURRENCY))))
 DECODE_QUEUE = 16
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 

@@ -27,13 +27,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+TEST_SLOTS = 4  # decodes at once on the test server: four visitors decode together, a fifth waits in line
+
+
 def serve():
     """Start the app; yields its URL, stops it after."""
     port = free_port()
     (ROOT / "artifacts").mkdir(exist_ok=True)
     log = open(ROOT / "artifacts" / "app.log", "w")
     proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False"})
+                            env={**os.environ, "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
+                                 "ADAFUSE_DECODE_SLOTS": str(TEST_SLOTS)})
     url = f"http://127.0.0.1:{port}/"
     for _ in range(120):
         try:

@@ -2,12 +2,13 @@
 and the first steps of a newcomer (fixtures `server` and `page` in conftest.py, helpers in tests/browser.py)."""
 import csv
 import json
+import re
 import time
 import urllib.request
 
 import pytest
 
-from tests.browser import SHOTS, cap_words, fresh, open_tab, status, wait_status
+from tests.browser import ROOT, SHOTS, TEST_SLOTS, cap_words, fresh, open_tab, status, wait_status
 
 pytestmark = pytest.mark.browser
 
@@ -187,14 +188,14 @@ def test_only_the_public_api_is_listed(server):
     assert not info.get("unnamed_endpoints"), list(info["unnamed_endpoints"])[:5]
 
 
-def test_a_third_visitor_waits_in_line_with_a_measured_estimate(page):
-    """Two decodes run at once (ADAFUSE_DECODE_SLOTS); a third visitor is told their place in line and an estimate
-    measured from the decodes the server ran, then gets their own answer."""
+def test_a_visitor_past_the_slots_waits_in_line_with_a_measured_estimate(page):
+    """TEST_SLOTS decodes run at once (ADAFUSE_DECODE_SLOTS); one more visitor is told their place in line and an
+    estimate measured from the decodes the server ran, then gets their own answer."""
     pg = page
     fresh(pg, "QA · author of Hamlet", "Hamlet")
     pg.locator("#af-run").click()  # one decode measured before the others queue
     wait_status(pg, "✓ done")
-    others = [pg.context.browser.new_page(viewport={"width": 1280, "height": 800}) for _ in range(2)]
+    others = [pg.context.browser.new_page(viewport={"width": 1280, "height": 800}) for _ in range(TEST_SLOTS)]
     try:
         for other in others:
             other.set_default_timeout(60_000)
@@ -215,3 +216,54 @@ def test_a_third_visitor_waits_in_line_with_a_measured_estimate(page):
     finally:
         for other in others:
             other.close()
+
+
+FOUR = (("QA · tallest mountain", "tallest"), ("Reading · lighthouse", "lighthouse"),
+        ("Translate · German → English", "Ich trinke"), ("QA · author of Hamlet", "Hamlet"))
+
+
+def _first_round_seconds(pages, timeout_s: float = 300) -> list[float]:
+    """Seconds from now until each page's status says its decode's first round has arrived."""
+    t0, out = time.time(), [None] * len(pages)
+    while None in out:
+        assert time.time() - t0 < timeout_s, [status(p) for p in pages]
+        for i, p in enumerate(pages):
+            if out[i] is None and re.search(r"round \d+ ·|✓ done|alone done", status(p)):
+                out[i] = time.time() - t0
+        time.sleep(0.05)
+    return out
+
+
+def test_four_visitors_running_at_once_each_get_the_answer_they_get_alone(page):
+    """Four visitors press Run together: their decodes share each model's forwards (models/batching.py), and each
+    gets exactly the answer the same example gets decoded alone. The seconds to the first round, alone and together,
+    are written to artifacts/four-visitors.json (the target: the slowest of the four under 2× a lone visitor's)."""
+    pg = page
+    alone, first_alone = [], []
+    for label, needle in FOUR:
+        fresh(pg, label, needle)
+        pg.locator("#af-run").click()
+        first_alone.append(_first_round_seconds([pg])[0])
+        wait_status(pg, "✓ done")
+        alone.append(pg.locator("#af-fused .af-out").inner_text())
+    pages = [pg] + [pg.context.browser.new_page(viewport={"width": 1280, "height": 800}) for _ in FOUR[1:]]
+    try:
+        for p, (label, needle) in zip(pages, FOUR):
+            if p is not pg:
+                p.set_default_timeout(60_000)
+                p.goto(pg.url)
+                p.get_by_text("AdaFuse Explorer").first.wait_for()
+            fresh(p, label, needle)
+        for p in pages:
+            p.locator("#af-run").click()
+        together = _first_round_seconds(pages)
+        for p in pages:
+            wait_status(p, "✓ done", 600)
+        assert [p.locator("#af-fused .af-out").inner_text() for p in pages] == alone
+        assert not any("waiting for a free decoding slot" in status(p) for p in pages)
+        (ROOT / "artifacts" / "four-visitors.json").write_text(json.dumps(
+            {"first round alone (s)": first_alone, "first round together (s)": together,
+             "slowest together ÷ its own alone": max(t / a for t, a in zip(together, first_alone))}, indent=1))
+    finally:
+        for p in pages[1:]:
+            p.close()
