@@ -323,7 +323,7 @@ def test_a_learned_gate_weighs_each_round_and_the_views_show_it(page):
     fresh(pg, "QA · author of Hamlet", "Hamlet")
     open_accordion(pg, "Model weights in the fused score", "#af-gate")
     pg.locator("#af-gate input").click()
-    pg.get_by_role("option", name=re.compile(r"^qa: ")).click()
+    pg.get_by_role("option", name=re.compile(r"^qa[ :]")).click()
     time.sleep(1)
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done")

@@ -74,26 +74,28 @@ def test_a_packed_forward_gives_each_request_its_own_forwards_numbers(kind):
         assert torch.allclose(model(input_ids=x).logits, alone_model(input_ids=x).logits, atol=1e-5)
 
 
-def test_a_batch_waits_for_a_working_decode_and_carries_both():
+def test_a_batch_waits_for_a_working_decode_and_carries_both(monkeypatch):
     """Two decodes working at once: the first request waits for the second (still computing) and one forward
     carries both; a decode that is not working (between Step presses) is never waited for."""
     assert batching.GATHER_SECONDS > 0.02
+    monkeypatch.setattr(batching, "GATHER_SECONDS", 30.0)  # a loaded machine must not start the batch early
     model = tiny("llama")
     b = Batcher(model)
     r1, r2, idle = Rider(), Rider(), Rider()
     served = {}
 
-    def decode(rider, name, delay):
+    def decode(rider, name, after_first):
         with rider.working():
-            time.sleep(delay)  # Python work before the forward
+            while after_first and not b.queue:  # Python work before the forward, until the first one is queued
+                time.sleep(0.005)
             served[name] = b.forward([[1, 2]], prefilled(model, [3, 4]))
 
     for rider in (r1, r2, idle):  # a decode's first forward registers its rider with the model
         with rider.working():
             b.forward([[5]], prefilled(model, [6]))
     b.forwards = 0
-    threads = [threading.Thread(target=decode, args=(r1, "a", 0.0)), threading.Thread(target=decode,
-                                                                                     args=(r2, "b", 0.02))]
+    threads = [threading.Thread(target=decode, args=(r1, "a", False)),
+               threading.Thread(target=decode, args=(r2, "b", True))]
     for t in threads:
         t.start()
     for t in threads:

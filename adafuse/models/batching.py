@@ -208,6 +208,8 @@ class Batcher:
 
     @torch.inference_mode()
     def _forward(self, batch: list[Request]) -> None:
+        if self.packed and getattr(self.model.config, "_attn_implementation", None) != PACKED:
+            self.packed = use_packed_attention(self.model)  # someone switched the model's attention since
         with _full_threads(), _turn(self.model):
             t0 = time.perf_counter()
             if self.packed:
