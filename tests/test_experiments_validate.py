@@ -99,3 +99,17 @@ def test_subjects_are_the_shipped_gates_and_the_reported_static_weightings():
     assert len({(s["family"], s["spec"]) for s in static}) == len(static)  # one subject per family and settings
     assert all(set(s["tasks"]) <= set(vg.FAMILIES[s["family"]]) for s in static)
     assert any("adafuse+weights" in s["report"] for s in static)
+
+
+def test_the_readme_and_the_shipped_gate_files_say_the_same_validated_numbers():
+    """The README quotes each shipped gate's validation summary as the file records it (the app's menu shows the same
+    text): after a new validation run, a stale README fails here instead of overselling a gate."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    gates = sorted((root / "assets" / "gates").glob("*.json"))
+    assert gates
+    for path in gates:
+        v = json.loads(path.read_text())["validated"]
+        assert f"`assets/gates/{path.name}` — {v['summary']}." in readme, path.name
+        assert v["summary"].startswith("helps" if v["helps"] else "experimental")
