@@ -1,4 +1,4 @@
-"""Command line `adafuse` (= `python -m adafuse`): run, eval, gate, bench, serve-model."""
+"""Command line `adafuse` (= `python -m adafuse`): run, eval, gate, bench, serve-model, serve."""
 from __future__ import annotations
 
 import argparse
@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("serve-model", help="serve one model with a vLLM OpenAI server for `vllm:` members (see "
                    "python -m adafuse serve-model --help)", add_help=False)
+    sub.add_parser("serve", help="serve the fused ensemble as one OpenAI-compatible model (see "
+                   "python -m adafuse serve --help)", add_help=False)
 
     from .harness.tasks import DEFAULT_DATA, TASKS
     ev = sub.add_parser("eval", help="evaluate methods on a benchmark task", epilog=EPILOG,
@@ -208,11 +210,12 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the models' worker threads tokenize; no forked pools
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] in (["gate"], ["bench"], ["serve-model"]):  # commands with parsers of their own
+    if argv[:1] in (["gate"], ["bench"], ["serve-model"], ["serve"]):  # commands with parsers of their own
         from importlib import import_module
-        module = {"gate": "gate_train", "bench": "bench", "serve-model": "serve"}[argv[0]]
+        module = {"gate": ".harness.gate_train", "bench": ".harness.bench", "serve-model": ".harness.serve",
+                  "serve": ".server.cli"}[argv[0]]
         try:
-            return import_module(f".harness.{module}", __package__).main(argv[1:])
+            return import_module(module, __package__).main(argv[1:])
         except AdafuseError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

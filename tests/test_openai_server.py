@@ -1,0 +1,307 @@
+"""`adafuse serve` through the official openai client: the app on the toy pair in-process (unit), and a real server
+process on the bundled pair (models): completions and chat, streamed and not, errors, concurrency, a client that
+leaves mid-stream."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from adafuse import DEFAULT_PAIR, AdaFuse, DecodeConfig
+from adafuse.server.app import ServeSettings, build_app
+from adafuse.server.responses import settled
+from adafuse.server.slots import Run
+from adafuse.trace import Trace
+from tests.toy import toy_pair
+
+KEY = "test-key"
+
+
+# ---- unit: the app on the toy pair, in-process ----
+
+@pytest.fixture
+def toy():
+    """The app on the toy pair (its settings: every request's defaults), its test client, and an openai client on it."""
+    ens = AdaFuse(toy_pair(), DecodeConfig(tau=0.7))
+    with TestClient(build_app(ens, ServeSettings(api_key=KEY))) as http:
+        http.headers["Authorization"] = f"Bearer {KEY}"
+        yield ens, http, openai.OpenAI(base_url="http://testserver/v1", api_key=KEY, http_client=http, max_retries=0)
+
+
+def test_the_one_model_is_listed_and_the_key_is_checked(toy):
+    _, http, client = toy
+    assert [m.id for m in client.models.list()] == ["adafuse"]
+    assert client.models.retrieve("adafuse").model_extra["adafuse"]["members"] == ["a", "b"]
+    for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic test-key"}):
+        r = http.get("/v1/models", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    wrong = openai.OpenAI(base_url="http://testserver/v1", api_key="wrong", http_client=http, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.completions.create(model="adafuse", prompt="Q")
+    assert http.get("/health", headers={"Authorization": ""}).json()["status"] == "ok"  # no key needed
+
+
+def test_a_completion_is_the_librarys_decode_with_its_usage_logprobs_and_trace(toy):
+    ens, _, client = toy
+    expected = AdaFuse(ens.models, DecodeConfig(tau=0.7, branches=2)).generate("Q")
+    out = client.completions.create(model="adafuse", prompt="Q", logprobs=2, extra_body={"adafuse": {"branches": 2}},
+                                    extra_query={"trace": "1"})
+    choice = out.choices[0]
+    assert choice.text == expected.output and choice.finish_reason == "stop" and out.object == "text_completion"
+    rounds = expected.rounds
+    assert choice.logprobs.tokens == [r.text for r in rounds]
+    assert choice.logprobs.token_logprobs == [None if r.candidates[r.chosen].fused is None else
+                                              pytest.approx(-r.candidates[r.chosen].fused) for r in rounds]
+    assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
+    trace = Trace.from_dict(out.model_extra["adafuse_trace"])
+    assert trace.output == expected.output and trace.settings["branches"] == 2
+    assert [[c.text for c in r.candidates] for r in trace.rounds] == [[c.text for c in r.candidates] for r in rounds]
+    per = out.usage.model_extra["adafuse"]["models"]
+    assert set(per) == {"a", "b"} and all(v["forward_passes"] > 0 for v in per.values())
+    assert out.usage.prompt_tokens == max(v["prompt_tokens"] for v in per.values())
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    plain = client.completions.create(model="adafuse", prompt="Q")
+    assert plain.choices[0].logprobs is None and "adafuse_trace" not in plain.model_extra
+
+
+def test_a_stream_is_the_completion_in_chunks_then_the_finish_then_the_usage(toy):
+    _, _, client = toy
+    whole = client.completions.create(model="adafuse", prompt="Q", extra_body={"adafuse": {"max_words": 1}})
+    chunks = list(client.completions.create(model="adafuse", prompt="Q", stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"adafuse": {"max_words": 1, "trace": True}}))
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert len(texts) > 2 and "".join(texts) == whole.choices[0].text  # one chunk per round, then the finish
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    assert Trace.from_dict(chunks[-2].model_extra["adafuse_trace"]).output == whole.choices[0].text
+
+
+def test_chat_decodes_one_user_turn_after_an_optional_system_message(toy):
+    ens, _, client = toy
+    expected = AdaFuse(ens.models, DecodeConfig(tau=0.7, mode="chat")).generate("Q").output
+    out = client.chat.completions.create(model="adafuse", messages=[{"role": "system", "content": "Be brief."},
+                                                                    {"role": "user", "content": "Q"}],
+                                         logprobs=True, top_logprobs=3, extra_query={"trace": "true"})
+    assert out.choices[0].message.content == expected and out.choices[0].message.role == "assistant"
+    assert out.model_extra["adafuse_trace"]["settings"]["system"] == "Be brief."
+    assert "".join(e.token for e in out.choices[0].logprobs.content) == expected
+    stream = list(client.chat.completions.create(model="adafuse", messages=[{"role": "user", "content": "Q"}],
+                                                 stream=True))
+    assert stream[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == expected
+    assert stream[-1].choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError, match="one user message"):
+        client.chat.completions.create(model="adafuse", messages=[{"role": "user", "content": "Q"},
+                                                                  {"role": "assistant", "content": " Paris"},
+                                                                  {"role": "user", "content": "Q"}])
+
+
+@pytest.mark.parametrize("body, status, param, says", [
+    ({"model": "gpt-4", "prompt": "Q"}, 404, "model", "does not exist"),
+    ({"model": "adafuse", "prompt": "Q", "adafuse": {"tau": 2}}, 400, "adafuse.tau", "tau=2 is invalid"),
+    ({"model": "adafuse", "prompt": "Q", "adafuse": {"method": "best"}}, 400, "adafuse.method", "use one of"),
+    ({"model": "adafuse", "prompt": "Q", "adafuse": {"weights": [1.0]}}, 400, "adafuse.weights", "one per model"),
+    ({"model": "adafuse", "prompt": "Q", "adafuse": {"mode": "chat"}}, 400, "adafuse.mode", "fixed when the server"),
+    ({"model": "adafuse", "prompt": "Q", "adafuse": {"gate": "/etc/passwd"}}, 400, "adafuse.gate", "not a gate"),
+    ({"model": "adafuse", "prompt": "Q", "max_tokens": 0}, 400, "max_tokens", "max_tokens=0 is invalid"),
+    ({"model": "adafuse", "prompt": "Q", "n": 2}, 400, "n", "n=1"),
+    ({"model": "adafuse", "prompt": ["Q", "Q"]}, 400, "prompt", "one prompt per request"),
+    ({"model": "adafuse", "prompt": [1, 2]}, 400, "prompt", "prompt"),
+    ({"model": "adafuse", "prompt": "   "}, 400, "prompt", "empty"),
+    ({"model": "adafuse"}, 400, "prompt", "Field required"),
+])
+def test_bad_requests_get_openai_error_objects(toy, body, status, param, says):
+    _, http, _ = toy
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert error["param"] == param and says in error["message"] and set(error) == {"message", "type", "param", "code"}
+
+
+def test_an_unexpected_failure_is_a_500_error_object_without_its_details(toy, monkeypatch):
+    _, http, _ = toy
+
+    def boom(self, prompt):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(AdaFuse, "start", boom)
+    r = http.post("/v1/completions", json={"model": "adafuse", "prompt": "Q"})
+    assert r.status_code == 500 and "RuntimeError" in r.json()["error"]["message"]
+    assert "secret" not in r.text and "Traceback" not in r.text
+    r = http.post("/v1/completions/nowhere", json={})
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_past_the_slots_and_the_queue_a_request_gets_429_with_retry_after():
+    app = build_app(AdaFuse(toy_pair(), DecodeConfig()), ServeSettings(concurrency=1, queue=0))
+    release = threading.Event()
+    with TestClient(app) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
+        hold = Run(lambda: release.wait(30), asyncio.new_event_loop())  # takes the one slot until released
+        app.state.slots.submit(hold)
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.completions.create(model="adafuse", prompt="Q")
+        assert int(caught.value.response.headers["Retry-After"]) >= 1
+        assert caught.value.body["code"] == "server_busy"
+        release.set()
+        assert hold.finished.wait(10)
+        deadline = time.monotonic() + 10
+        while http.get("/health").json()["decodes"]["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.completions.create(model="adafuse", prompt="Q").choices[0].text
+
+
+class _Loop:
+    """Stands in for the event loop a Run reports to: records the events, and cancels the run after its first
+    round (a client leaving mid-stream)."""
+
+    def __init__(self):
+        self.events, self.run = [], None
+
+    def call_soon_threadsafe(self, put, event):
+        self.events.append(event)
+        if event[0] == "round":
+            self.run.cancel()
+
+
+def test_a_cancelled_run_stops_before_its_next_round_and_keeps_what_it_decided():
+    loop = _Loop()
+    run = loop.run = Run(lambda: AdaFuse(toy_pair(), DecodeConfig(max_words=1)).start("Q"), loop)
+    run()
+    kinds = [k for k, _ in loop.events]
+    assert kinds == ["started", "round", "end"]
+    trace = loop.events[-1][1]
+    assert trace.stop_reason == "cancelled" and len(trace.rounds) == 1
+    assert len(AdaFuse(toy_pair(), DecodeConfig(max_words=1)).generate("Q").rounds) > 1  # it had more to do
+
+
+def test_text_that_may_begin_a_stop_string_waits_for_the_next_round():
+    assert settled("Paris\n", ["\n\nQuestion"]) == 5          # "\n" may begin "\n\nQuestion": held back
+    assert settled("Paris\n\nQues", ["\n\nQuestion"]) == 5
+    assert settled("Paris", ["\n\nQuestion", "<end_of_turn>"]) == 5
+    assert settled("Paris <end", ["<end_of_turn>"]) == 6
+    assert settled("Paris", []) == 5 and settled("", ["\n"]) == 0
+
+
+# ---- models: a real `adafuse serve` process on the bundled pair ----
+
+SETTINGS = {"max_new_words": 8, "stop": ("\n",)}  # the server's own defaults (flags below): short answers
+FEW_SHOT = "Question: What is the capital of Italy?\nAnswer: Rome\n\nQuestion: {}\nAnswer:"
+QUESTIONS = ["Who wrote Hamlet?", "What is the capital of France?", "What is the largest planet?",
+             "Who painted the Mona Lisa?"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """`python -m adafuse serve` on the bundled pair with an API key; yields (base URL, its log file)."""
+    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "server.log"
+    cmd = [sys.executable, "-m", "adafuse", "serve", "--port", str(port), "--api-key", KEY, "--concurrency", "4",
+           "--max-new-words", str(SETTINGS["max_new_words"]), "--stop", "\\n"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, f"adafuse serve exited {proc.returncode}:\n{log.read_text()}"
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"adafuse serve did not come up:\n{log.read_text()}"
+            time.sleep(0.5)
+        yield base, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{served[0]}/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+@pytest.mark.models
+def test_real_completions_streamed_and_not_agree(client):
+    prompt = FEW_SHOT.format(QUESTIONS[0])
+    whole = client.completions.create(model="adafuse", prompt=prompt, stop="\n", logprobs=1)
+    text = whole.choices[0].text
+    assert text.strip() and "\n" not in text and whole.choices[0].finish_reason in ("stop", "length")
+    assert "".join(whole.choices[0].logprobs.tokens) == text
+    assert set(whole.usage.model_extra["adafuse"]["models"]) == set(DEFAULT_PAIR)
+    chunks = list(client.completions.create(model="adafuse", prompt=prompt, stop="\n", stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+@pytest.mark.models
+def test_real_chat_streamed_and_not_agree(client):
+    messages = [{"role": "system", "content": "Answer in a few words."},
+                {"role": "user", "content": "What is the capital of France?"}]
+    whole = client.chat.completions.create(model="adafuse", messages=messages, extra_query={"trace": "1"})
+    text = whole.choices[0].message.content
+    assert text.strip()
+    modes = whole.model_extra["adafuse_trace"]["prompt_modes"].values()  # each member's own template, where it has one
+    assert any(m.startswith("chat (system") for m in modes)
+    assert all(m.startswith("chat") or "no chat template" in m for m in modes)
+    chunks = list(client.chat.completions.create(model="adafuse", messages=messages, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+
+
+@pytest.mark.models
+def test_real_errors_are_typed(client, served):
+    with pytest.raises(openai.BadRequestError, match="tau=1.5 is invalid"):
+        client.completions.create(model="adafuse", prompt="Question: Hi?\nAnswer:", extra_body={"adafuse": {"tau": 1.5}})
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-4o", prompt="Question: Hi?\nAnswer:")
+    wrong = openai.OpenAI(base_url=f"{served[0]}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+
+
+@pytest.mark.models
+def test_four_concurrent_requests_each_get_their_own_answer(client, pair):
+    prompts = [FEW_SHOT.format(q) for q in QUESTIONS]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda p: client.completions.create(model="adafuse", prompt=p).choices[0].text, prompts))
+    alone = [AdaFuse(pair, DecodeConfig(**SETTINGS)).generate(p).output for p in prompts]  # one at a time
+    assert outs == alone
+    assert len(set(outs)) == len(outs)  # four questions, four answers
+
+
+@pytest.mark.models
+def test_a_client_leaving_mid_stream_cancels_its_decode_and_the_server_carries_on(client, served):
+    base, log = served
+    stream = client.completions.create(model="adafuse", prompt="Once upon a time", stream=True,
+                                       extra_body={"adafuse": {"max_new_words": 200, "max_words": 1}})
+    first = next(iter(stream))
+    assert first.choices[0].text
+    stream.close()  # the client leaves after the first round of a long decode
+    deadline = time.monotonic() + 30
+    while "the stream closed early" not in log.read_text() or httpx.get(f"{base}/health").json()["decodes"]["running"]:
+        assert time.monotonic() < deadline, f"the decode was not cancelled:\n{log.read_text()[-2000:]}"
+        time.sleep(0.2)
+    again = client.completions.create(model="adafuse", prompt=FEW_SHOT.format(QUESTIONS[1]))
+    assert again.choices[0].text.strip()
