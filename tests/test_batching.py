@@ -84,8 +84,11 @@ def test_a_batch_waits_for_a_working_decode_and_carries_both(monkeypatch):
     r1, r2, idle = Rider(), Rider(), Rider()
     served = {}
 
+    both_working = threading.Barrier(2)
+
     def decode(rider, name, after_first):
         with rider.working():
+            both_working.wait(10)  # neither request is sent before both decodes are computing
             while after_first and not b.queue:  # Python work before the forward, until the first one is queued
                 time.sleep(0.005)
             served[name] = b.forward([[1, 2]], prefilled(model, [3, 4]))
