@@ -84,6 +84,24 @@ def test_the_eval_harness_runs_a_served_model(server, remote, pair, tmp_path):
     assert len(rows) == 3 and all(r["trace"]["output"].strip() for r in rows)
 
 
+def test_eight_decodes_in_flight_with_a_served_member_give_their_own_traces(remote, pair):
+    """Many decodes at once with a served member: each decode's requests go out while the others' do (the server
+    batches them), and each trace is the one decoded alone, with the same requests per decode."""
+    import time
+    cfg = DecodeConfig(stop=("\n",), max_new_words=12, explore_top_k=20)
+    prompts = [qa_prompt("triviaqa", i) for i in range(8)]
+    ens = AdaFuse([remote, pair[1]], cfg)
+    t0 = time.perf_counter()
+    alone = [ens.generate(p) for p in prompts]
+    t1 = time.perf_counter()
+    many = ens.generate_many(prompts, concurrency=8)
+    t2 = time.perf_counter()
+    assert [t.output for t in many] == [t.output for t in alone]
+    assert [t.cost(remote.name)["forward_passes"] for t in many] == [t.cost(remote.name)["forward_passes"]
+                                                                     for t in alone]
+    print(f"8 decodes with a served member: one at a time {t1 - t0:.1f} s, 8 in flight {t2 - t1:.1f} s")
+
+
 def test_a_server_killed_mid_decode_is_a_typed_error_and_keeps_the_trace(server, remote, pair):
     d = AdaFuse([remote, pair[1]], DecodeConfig(max_new_words=40, tau=0.0)).start("The history of Rome began")
     d.step()
