@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "python -m adafuse serve-model --help)", add_help=False)
     sub.add_parser("serve", help="serve the fused ensemble as one OpenAI-compatible model (see "
                    "python -m adafuse serve --help)", add_help=False)
+    sub.add_parser("lm-eval", help="lm-evaluation-harness with the `adafuse` model registered (lm_eval's own "
+                   "arguments follow: python -m adafuse lm-eval run --model adafuse ...)", add_help=False)
 
     from .harness.tasks import DEFAULT_DATA, TASKS
     ev = sub.add_parser("eval", help="evaluate methods on a benchmark task", epilog=EPILOG,
@@ -210,10 +212,10 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the models' worker threads tokenize; no forked pools
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] in (["gate"], ["bench"], ["serve-model"], ["serve"]):  # commands with parsers of their own
+    if argv[:1] in (["gate"], ["bench"], ["serve-model"], ["serve"], ["lm-eval"]):  # commands with their own parsers
         from importlib import import_module
         module = {"gate": ".harness.gate_train", "bench": ".harness.bench", "serve-model": ".harness.serve",
-                  "serve": ".server.cli"}[argv[0]]
+                  "serve": ".server.cli", "lm-eval": ".harness.lm_eval_model"}[argv[0]]
         try:
             return import_module(module, __package__).main(argv[1:])
         except AdafuseError as exc:

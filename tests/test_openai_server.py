@@ -4,10 +4,6 @@ leaves mid-stream."""
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +18,7 @@ from adafuse.server.app import ServeSettings, build_app
 from adafuse.server.responses import settled
 from adafuse.server.slots import Run
 from adafuse.trace import Trace
+from tests.serving import adafuse_serve
 from tests.toy import toy_pair
 
 KEY = "test-key"
@@ -202,40 +199,13 @@ QUESTIONS = ["Who wrote Hamlet?", "What is the capital of France?", "What is the
              "Who painted the Mona Lisa?"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """`python -m adafuse serve` on the bundled pair with an API key; yields (base URL, its log file)."""
-    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "server.log"
-    cmd = [sys.executable, "-m", "adafuse", "serve", "--port", str(port), "--api-key", KEY, "--concurrency", "4",
-           "--max-new-words", str(SETTINGS["max_new_words"]), "--stop", "\\n"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, f"adafuse serve exited {proc.returncode}:\n{log.read_text()}"
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"adafuse serve did not come up:\n{log.read_text()}"
-            time.sleep(0.5)
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    args = ["--api-key", KEY, "--concurrency", "4", "--max-new-words", str(SETTINGS["max_new_words"]), "--stop", "\\n"]
+    with adafuse_serve(args, log) as base:
         yield base, log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")

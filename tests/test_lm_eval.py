@@ -1,0 +1,166 @@
+"""lm-evaluation-harness on this project's tasks (adafuse/harness/lm_eval_tasks/) both ways: the `adafuse` lm-eval model
+(adafuse/harness/lm_eval_model.py) and lm-eval's own `local-completions` model pointed at `adafuse serve`. The toy pair
+in-process (unit), and the real lm_eval command line on the bundled pair (models); both give what `adafuse eval`
+gives on the same lines."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from lm_eval import simple_evaluate
+from lm_eval.tasks import TaskManager
+
+from adafuse import DEFAULT_PAIR
+from adafuse.config import DecodeConfig
+from adafuse.errors import ConfigError
+from adafuse.harness import lm_eval_model
+from adafuse.harness.evaluate import evaluate, parse_methods, read_rows
+from adafuse.harness.lm_eval_model import AdaFuseLM, ScoringNotSupported
+from adafuse.harness.lm_eval_tasks import HERE as TASKS_DIR, load_docs, process_results, task_name, write_yamls
+from adafuse.harness.metrics import corpus_scores
+from adafuse.harness.tasks import SAMPLE_DATA, TASKS
+from tests.serving import adafuse_serve
+from tests.toy_tasks import ToyRegistry, toy_data, toy_qa_pair
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+MODEL_ARGS = f"models={'+'.join(DEFAULT_PAIR)},tau=0.7,max_words=3,branches=3"
+LINES = 3  # TriviaQA lines both harnesses decode (the server path: the first 2)
+
+
+def _samples(out_dir, task: str) -> list[dict]:
+    """lm-eval's --log_samples rows of `task` under --output_path, in data order."""
+    paths = list(out_dir.rglob(f"samples_{task}_*.jsonl"))
+    assert len(paths) == 1, f"expected one samples file for {task} under {out_dir}: {paths}"
+    return sorted((json.loads(line) for line in paths[0].read_text().splitlines()), key=lambda r: r["doc_id"])
+
+
+def _lm_eval(args: list[str], tmp_path, module: list[str]) -> list[dict]:
+    """Run an lm-eval command line on the shipped TriviaQA YAML (the sample data) and return its samples."""
+    cmd = [sys.executable, *module, "run", *args, "--include_path", str(TASKS_DIR),
+           "--tasks", task_name("triviaqa"), "--metadata", json.dumps({"data": str(SAMPLE_DATA)}),
+           "--log_samples", "--output_path", str(tmp_path / "out")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **OFFLINE})
+    assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    return _samples(tmp_path / "out", task_name("triviaqa"))
+
+
+def _same_as_eval(samples: list[dict], rows: list[dict]) -> None:
+    """Each lm-eval sample is `adafuse eval`'s row of that data line: generation, extracted answer and exact match."""
+    assert [s["doc"]["line"] for s in samples] == [r["line"] for r in rows[:len(samples)]]
+    for s, r in zip(samples, rows):
+        assert s["doc"]["prompt"] == r["trace"]["prompt"]
+        assert s["resps"][0][0] == r["trace"]["output"], f"line {r['line']}"
+        assert TASKS[r["task"]].extract(s["filtered_resps"][0]) == r["prediction"]
+        assert s["em"] == r["scores"]["em"]
+
+
+# ---- unit: the YAMLs, their hooks, and lm-eval driving the toy pair in-process ----
+
+def test_the_shipped_yamls_are_written_from_the_task_table(tmp_path):
+    written = write_yamls(tmp_path)
+    assert sorted(p.name for p in written) == sorted(p.name for p in TASKS_DIR.glob("*.yaml"))
+    for p in written:
+        assert p.read_text() == (TASKS_DIR / p.name).read_text(), \
+            f"{p.name} is stale: rerun python -m adafuse.harness.lm_eval_tasks"
+
+
+def test_docs_hold_the_lines_prompts_and_scores_of_adafuse_eval():
+    for name, t in TASKS.items():
+        docs = load_docs(name, data=str(SAMPLE_DATA), version=1.0)["test"]
+        head = (SAMPLE_DATA / t.folder / t.prompt_file).read_text()
+        lines = [json.loads(x) for x in (SAMPLE_DATA / t.folder / t.file).read_text().splitlines()]
+        assert list(docs["line"]) == list(range(1, len(lines) + 1))
+        doc = docs[1]
+        assert doc["prompt"] == t.prompt(head, lines[1]["question"]) and doc["max_new_words"] == t.max_new_words
+        gold = lines[1]["answer"]
+        ref = gold if isinstance(gold, str) else gold[0]
+        scored = process_results(doc, [f" {ref}\n\nQuestion: more"])
+        if t.metric == "translation":
+            assert scored == {"bleu": (ref, ref), "chrf": (ref, ref)}
+        else:
+            assert scored == t.score(t.extract(f" {ref}\n\nQuestion: more"), gold) and max(scored.values()) == 1.0
+
+
+def test_flores_is_scored_on_the_corpus_as_adafuse_eval_does():
+    from adafuse.harness.lm_eval_tasks import corpus_bleu, corpus_chrf
+    pairs = [("The cat sat on the mat.", "The cat sat on the mat."), ("A dog runs.", "The dog is running.")]
+    want = corpus_scores([p for p, _ in pairs], [r for _, r in pairs])
+    assert corpus_bleu(pairs) == want["bleu"] and corpus_chrf(pairs) == want["chrf"]
+
+
+def test_model_args_are_read_as_lm_eval_passes_them(monkeypatch):
+    a, b = toy_qa_pair()
+    monkeypatch.setattr(lm_eval_model.ModelRegistry, "get", lambda self, name, **kw: {"a": a, "b": b}[name])
+    lm = AdaFuseLM.create_from_arg_string("models=a+b,tau=0.5,branches=2,weights=1/4,concurrency=2",
+                                          {"batch_size": 1, "device": "cuda:0"})
+    assert lm.models == [a, b] and lm.concurrency == 2
+    assert (lm.config.tau, lm.config.branches, lm.config.weights) == (0.5, 2, (1.0, 4.0))
+    cfg = lm.request_config({"until": ["\n"], "max_gen_toks": 40, "do_sample": False}, {"max_new_words": 7})
+    assert (cfg.stop, cfg.max_new_tokens, cfg.max_new_words) == (("\n",), 40, 7)
+    assert lm.request_config({"until": "\n\n"}, {}).max_new_words == DecodeConfig().max_new_tokens  # tokens decide
+    for bad, says in (("models=a+b,tau=3", "tau=3"), ("models=a+b,stop=x", "stop"), ("models=a+b,foo=1", "foo"),
+                      ("models=a+b,weights=1/2/3", "weights"), ("models=a", "2 to 4")):
+        with pytest.raises(ConfigError, match=says):
+            AdaFuseLM.create_from_arg_string(bad)
+
+
+def test_scoring_requests_are_refused_naming_the_generation_tasks():
+    lm = AdaFuseLM(models=list(toy_qa_pair()))
+    for ask in (lm.loglikelihood, lm.loglikelihood_rolling):
+        with pytest.raises(ScoringNotSupported, match="does not score given continuations.*adafuse_triviaqa"):
+            ask([])
+
+
+def test_lm_eval_decodes_the_toy_pair_as_adafuse_eval_does(tmp_path):
+    a, b = toy_qa_pair()
+    data = toy_data(tmp_path / "data", {(2, 2): "London"})
+    rows = read_rows(evaluate(TASKS["nq"], parse_methods(["adafuse[weights=1/20]"], ["a", "b"]), tmp_path / "eval",
+                              data, limit=4, progress=False, registry=ToyRegistry(a, b)))
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"data": str(data)})
+    out = simple_evaluate(model=AdaFuseLM(models=[a, b], weights="1/20", concurrency=2), tasks=[task_name("nq")],
+                          task_manager=manager, limit=4, log_samples=True)
+    samples = sorted(out["samples"][task_name("nq")], key=lambda r: r["doc_id"])
+    _same_as_eval(samples, rows)
+    assert [r["prediction"] for r in rows] == ["London"] * 4  # b, weighed 20x, wins every line
+    assert [s["em"] for s in samples] == [0.0, 1.0, 0.0, 0.0]
+    assert out["results"][task_name("nq")]["em,none"] == 0.25
+
+
+# ---- models: the real lm_eval command line on the bundled pair ----
+
+@pytest.fixture(scope="module")
+def eval_rows(pair, tmp_path_factory):
+    """`adafuse eval --task triviaqa --methods adafuse` on the first LINES sample lines (the default registry: the
+    session's pair)."""
+    out = evaluate(TASKS["triviaqa"], parse_methods(["adafuse"], list(DEFAULT_PAIR)), tmp_path_factory.mktemp("eval"),
+                   SAMPLE_DATA, limit=LINES, progress=False, concurrency=LINES)
+    return read_rows(out)
+
+
+@pytest.mark.models
+def test_lm_eval_model_adafuse_gives_adafuse_evals_outputs_and_exact_match(eval_rows, tmp_path):
+    samples = _lm_eval(["--model", "adafuse", "--model_args", MODEL_ARGS, "--limit", str(LINES)], tmp_path,
+                       ["-m", "adafuse", "lm-eval"])
+    assert len(samples) == LINES
+    _same_as_eval(samples, eval_rows)
+
+
+@pytest.fixture
+def served(tmp_path):
+    """`python -m adafuse serve` on the bundled pair with TriviaQA's word cap (what the adafuse model takes from each
+    doc); yields its base URL."""
+    args = ["--concurrency", "2", "--max-new-words", str(TASKS["triviaqa"].max_new_words), "--log-level", "warning"]
+    with adafuse_serve(args, tmp_path / "server.log", OFFLINE) as base:
+        yield base
+
+
+@pytest.mark.models
+def test_lm_evals_local_completions_on_adafuse_serve_gives_adafuse_evals_outputs(eval_rows, served, tmp_path):
+    args = f"base_url={served}/v1/completions,model=adafuse,tokenizer_backend=None,num_concurrent=2,max_retries=1"
+    samples = _lm_eval(["--model", "local-completions", "--model_args", args, "--limit", "2"], tmp_path,
+                       ["-m", "lm_eval"])
+    assert len(samples) == 2
+    _same_as_eval(samples, eval_rows)
