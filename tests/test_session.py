@@ -46,6 +46,30 @@ def test_a_shared_prompt_prefix_is_reused_not_reencoded():
     assert second.tokens_fed == len(second.ids) - second.prefix_reused
 
 
+def test_decodes_starting_together_prefill_their_shared_prefix_once():
+    """Two prompts with a long common head opened at the same moment (an evaluation's or a server's first decodes):
+    the second waits for the first's prefill and starts from its KV, instead of both computing the head."""
+    a, _ = toy_pair()
+    head = "Q Paris is nice." * 5
+    barrier = threading.Barrier(2)
+    views = {}
+
+    def open_view(name, tail):
+        barrier.wait(10)
+        views[name] = LocalSession(a, head + tail)
+
+    threads = [threading.Thread(target=open_view, args=(n, t)) for n, t in (("x", " Paris"), ("y", " London"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    reused = sorted(v.prefix_reused for v in views.values())
+    assert reused == [0, len(a.tokenizer(head).input_ids)]
+    assert a.prefixes.prefilling == []  # nothing left claimed
+    fresh = LocalSession(toy_model("a", V, A_RULES), head + " London")
+    assert torch.allclose(views["y"].next_logprobs, fresh.next_logprobs)
+
+
 def test_commit_adopts_kv_already_computed_instead_of_feeding_again():
     d, r = first_round(DecodeConfig(tau=0.7, branches=3))
     loser = next(i for i, c in enumerate(r.candidates) if c.proposers == ["b"] and c.text == " London")

@@ -126,6 +126,8 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", nargs="+", type=int, metavar="N",
                    help="instead: AdaFuse B=3 with N decodes in flight at each of these levels (bench_many.py; "
                         "e.g. --concurrency 1 2 4 8 16 --trivia 32 --gsm8k 8)")
+    p.add_argument("--rounds", type=int, default=2, metavar="R",
+                   help="with --concurrency: runs of each level (2: in the given order, then in reverse)")
     p.add_argument("--speculate", action="store_true",
                    help="with --concurrency: speculative proposals on (compare with a run without, same prompts)")
     args = p.parse_args(argv)
@@ -137,7 +139,7 @@ def main(argv=None) -> int:
         from .bench_many import concurrency_bench
         work = [(t, prompt, replace(cfg, branches=3, speculate=args.speculate))
                 for t, prompt, cfg in tasks(args.data, args.trivia, args.gsm8k)]
-        return concurrency_bench(models, work, [check_concurrency(n) for n in args.concurrency])
+        return concurrency_bench(models, work, [check_concurrency(n) for n in args.concurrency], args.rounds)
     methods = {}
     for name, kw in (("AdaFuse B=1", dict(branches=1)), ("AdaFuse B=3", dict(branches=3)),
                      ("mixture (ME, greedy words)", dict(method="mixture", temperature=0.0))):

@@ -5,7 +5,7 @@ when imported and `python -m adafuse lm-eval ARGS` (= `python -m adafuse.harness
 runs lm-eval's own command line with ARGS:
 
     python -m adafuse lm-eval run --model adafuse \
-        --model_args models=smollm2-135m-instruct+gemma3-270m,tau=0.7,max_words=3,branches=3 \
+        --model_args models=MODEL_A+MODEL_B,tau=0.7,max_words=3,branches=3 \
         --include_path adafuse/harness/lm_eval_tasks --tasks adafuse_triviaqa --limit 20
 
 lm-eval splits --model_args on commas, so the members are joined with "+" (weights with "/", as `adafuse eval`).

@@ -2,16 +2,21 @@
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..words import common_prefix
+from .batching import waiting_elsewhere
 
 # Most bytes of keys and values one model's prefix store keeps, its entries together (512 MiB: an 8B model's 4k-token
 # prompt, a 135M model's 11k; without it two 32k-token prompts of a 270M model kept 2.3 GB): a prompt whose KV alone is
 # larger is not kept.
 PREFIX_STORE_BYTES = 2**29
+# Longest a prompt waits for another decode's prefill of a prefix it shares (then it prefills on its own).
+PREFILL_WAIT_SECONDS = 120.0
 
 
 def copy_cache(cache: DynamicCache, length: int, rows: int = 1) -> DynamicCache:
@@ -51,7 +56,37 @@ class PrefixStore:
                              "(0 turns it off)")
         self.size, self.min_tokens, self.max_bytes = size, min_tokens, max_bytes
         self.entries: list[tuple[list[int], DynamicCache, int]] = []  # (ids, their KV, its bytes), most recent first
+        self.prefilling: list[tuple[list[int], threading.Event]] = []  # prompts being prefilled now, not stored yet
         self.lock = threading.Lock()
+        self.waits = 0  # prompts that waited for another's prefill (many decodes starting at once)
+
+    @contextmanager
+    def prefill(self, ids: list[int]) -> Iterator[tuple[DynamicCache, int]]:
+        """`lookup(ids)` for a prompt about to be prefilled (and `store`d inside the block). When another decode is
+        prefilling a prompt that shares a longer prefix with `ids` than anything stored (decodes started together
+        on the same few-shot examples or passage), wait for it to be stored first, so the shared prefix is computed
+        once, not once per decode (at most PREFILL_WAIT_SECONDS; the batchers do not wait for this decode meanwhile)."""
+        ev = threading.Event()
+        while True:
+            with self.lock:
+                stored = max((min(common_prefix(old, ids), len(ids) - 1) for old, _, _ in self.entries), default=0)
+                ahead = [e for p, e in self.prefilling
+                         if min(common_prefix(p, ids), len(ids) - 1) >= max(self.min_tokens, stored + 1)]
+                if not ahead or self.size == 0:
+                    self.prefilling.append((list(ids), ev))
+                    break
+                self.waits += 1
+            with waiting_elsewhere():
+                if not ahead[0].wait(PREFILL_WAIT_SECONDS):
+                    with self.lock:  # give up waiting: prefill alone
+                        self.prefilling.append((list(ids), ev))
+                    break
+        try:
+            yield self.lookup(ids)
+        finally:
+            with self.lock:
+                self.prefilling = [(p, e) for p, e in self.prefilling if e is not ev]
+            ev.set()
 
     def lookup(self, ids: list[int]) -> tuple[DynamicCache, int]:
         """A cache holding the longest stored prefix of `ids` (at least `min_tokens`, at most all but the last

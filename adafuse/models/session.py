@@ -95,9 +95,10 @@ class LocalSession(TokenizedView):
         self.last_used = time.monotonic()
         lm.idle.trim()  # room for this prompt's KV: views that stopped moving give theirs back first
         # full layers only: sliding-window layers could not be cropped
-        self.cache, reused = lm.prefixes.lookup(self.ids)
-        self.cached_ids = self.ids[:reused]
-        self.end_logprobs = self._feed(self.ids[reused:])[-1]
+        with lm.prefixes.prefill(self.ids) as (self.cache, reused):  # decodes starting together share the prefix
+            self.cached_ids = self.ids[:reused]
+            self.end_logprobs = self._feed(self.ids[reused:])[-1]
+            lm.prefixes.store(self.ids, self.cache)
         self.next_logprobs = self.end_logprobs
         self.prefix_reused = reused
         # token tuples after `ids` whose KV (new positions only) and next-token log-probs a batch already computed
@@ -109,7 +110,6 @@ class LocalSession(TokenizedView):
         # log-probs after each, and how many `extend` has taken
         self._guessed: tuple[list[int], torch.Tensor] | None = None
         self._guess_taken = 0
-        lm.prefixes.store(self.ids, self.cache)
         lm.idle.add(self)
 
     # ---- forward passes ----
