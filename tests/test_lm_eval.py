@@ -37,14 +37,16 @@ def _samples(out_dir, task: str) -> list[dict]:
     return sorted((json.loads(line) for line in paths[0].read_text().splitlines()), key=lambda r: r["doc_id"])
 
 
-def _lm_eval(args: list[str], tmp_path, module: list[str]) -> list[dict]:
-    """Run an lm-eval command line on the shipped TriviaQA YAML (the sample data) and return its samples."""
+def _lm_eval(args: list[str], tmp_path, module: list[str], tasks=("triviaqa",)) -> list[dict] | dict[str, list]:
+    """Run an lm-eval command line on shipped YAMLs (the sample data) and return its samples (by task when several)."""
     cmd = [sys.executable, *module, "run", *args, "--include_path", str(TASKS_DIR),
-           "--tasks", task_name("triviaqa"), "--metadata", json.dumps({"data": str(SAMPLE_DATA)}),
+           "--tasks", ",".join(task_name(t) for t in tasks), "--metadata", json.dumps({"data": str(SAMPLE_DATA)}),
            "--log_samples", "--output_path", str(tmp_path / "out")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **OFFLINE})
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **OFFLINE})
     assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-4000:]}"
-    return _samples(tmp_path / "out", task_name("triviaqa"))
+    if len(tasks) == 1:
+        return _samples(tmp_path / "out", task_name(tasks[0]))
+    return {t: _samples(tmp_path / "out", task_name(t)) for t in tasks}
 
 
 def _same_as_eval(samples: list[dict], rows: list[dict]) -> None:
@@ -146,6 +148,24 @@ def test_lm_eval_model_adafuse_gives_adafuse_evals_outputs_and_exact_match(eval_
                        ["-m", "adafuse", "lm-eval"])
     assert len(samples) == LINES
     _same_as_eval(samples, eval_rows)
+
+
+@pytest.mark.models
+def test_every_shipped_yaml_runs_through_lm_eval_as_adafuse_eval_runs_it(tmp_path):
+    """The other five tasks, one line each, through the real lm-eval command line and `adafuse eval`: the same
+    prompt, output and extracted answer (scores: the per-line metrics; Flores is scored on the corpus by both)."""
+    others = [t for t in TASKS if t != "triviaqa"]
+    by_task = _lm_eval(["--model", "adafuse", "--model_args", MODEL_ARGS, "--limit", "1"], tmp_path,
+                       ["-m", "adafuse", "lm-eval"], tasks=others)
+    for t in others:
+        rows = read_rows(evaluate(TASKS[t], parse_methods(["adafuse"], list(DEFAULT_PAIR)), tmp_path / f"eval-{t}",
+                                  SAMPLE_DATA, limit=1, progress=False))
+        (sample,), (row,) = by_task[t], rows
+        assert sample["doc"]["line"] == row["line"] == 1 and sample["doc"]["prompt"] == row["trace"]["prompt"], t
+        assert sample["resps"][0][0] == row["trace"]["output"], t
+        assert TASKS[t].extract(sample["filtered_resps"][0]) == row["prediction"], t
+        if TASKS[t].metric != "translation":
+            assert {k: sample[k] for k in row["scores"]} == row["scores"], t
 
 
 @pytest.fixture
