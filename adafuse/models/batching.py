@@ -92,7 +92,7 @@ def current_rider() -> Rider | None:
 @contextmanager
 def waiting_elsewhere():
     """The current decode waits on something other than a forward (another decode's prefill of the same prompt
-    prefix): the batchers do not wait for its requests meanwhile."""
+    prefix): the batchers do not wait for its requests meanwhile (as while its own forward is queued, `forward`)."""
     rider = current_rider()
     if rider is None:
         yield

@@ -58,7 +58,6 @@ class PrefixStore:
         self.entries: list[tuple[list[int], DynamicCache, int]] = []  # (ids, their KV, its bytes), most recent first
         self.prefilling: list[tuple[list[int], threading.Event]] = []  # prompts being prefilled now, not stored yet
         self.lock = threading.Lock()
-        self.waits = 0  # prompts that waited for another's prefill (many decodes starting at once)
 
     @contextmanager
     def prefill(self, ids: list[int]) -> Iterator[tuple[DynamicCache, int]]:
@@ -66,37 +65,42 @@ class PrefixStore:
         prefilling a prompt that shares a longer prefix with `ids` than anything stored (decodes started together
         on the same few-shot examples or passage), wait for it to be stored first, so the shared prefix is computed
         once, not once per decode (at most PREFILL_WAIT_SECONDS; the batchers do not wait for this decode meanwhile)."""
-        ev = threading.Event()
+        mine, gave_up = (list(ids), threading.Event()), False
         while True:
             with self.lock:
-                stored = max((min(common_prefix(old, ids), len(ids) - 1) for old, _, _ in self.entries), default=0)
-                ahead = [e for p, e in self.prefilling
-                         if min(common_prefix(p, ids), len(ids) - 1) >= max(self.min_tokens, stored + 1)]
-                if not ahead or self.size == 0:
-                    self.prefilling.append((list(ids), ev))
+                stored = self._longest(ids)[1]
+                ahead = [e for p, e in self.prefilling if self._usable(p, ids) > max(stored, self.min_tokens - 1)]
+                if not ahead or self.size == 0 or gave_up:  # gave up: prefill alone
+                    self.prefilling.append(mine)
                     break
-                self.waits += 1
             with waiting_elsewhere():
-                if not ahead[0].wait(PREFILL_WAIT_SECONDS):
-                    with self.lock:  # give up waiting: prefill alone
-                        self.prefilling.append((list(ids), ev))
-                    break
+                gave_up = not ahead[0].wait(PREFILL_WAIT_SECONDS)
         try:
             yield self.lookup(ids)
         finally:
             with self.lock:
-                self.prefilling = [(p, e) for p, e in self.prefilling if e is not ev]
-            ev.set()
+                self.prefilling.remove(mine)
+            mine[1].set()
+
+    @staticmethod
+    def _usable(old: list[int], ids: list[int]) -> int:
+        """How many positions of `old`'s KV a prompt `ids` could start from (one token is left to feed: the logits)."""
+        return min(common_prefix(old, ids), len(ids) - 1)
+
+    def _longest(self, ids: list[int]) -> tuple[DynamicCache | None, int]:
+        """The stored cache sharing the longest usable prefix with `ids`, and that length (under the lock)."""
+        best, best_len = None, 0
+        for old_ids, cache, _ in self.entries:
+            n = self._usable(old_ids, ids)
+            if n > best_len:
+                best, best_len = cache, n
+        return best, best_len
 
     def lookup(self, ids: list[int]) -> tuple[DynamicCache, int]:
         """A cache holding the longest stored prefix of `ids` (at least `min_tokens`, at most all but the last
         token, so a forward is left to give the logits) and its length; an empty cache and 0 otherwise."""
         with self.lock:
-            best, best_len = None, 0
-            for old_ids, cache, _ in self.entries:
-                n = min(common_prefix(old_ids, ids), len(ids) - 1)  # feed at least one token for the logits
-                if n > best_len:
-                    best, best_len = cache, n
+            best, best_len = self._longest(ids)
             if best is None or best_len < self.min_tokens:
                 return DynamicCache(), 0
             return copy_cache(best, best_len), best_len
