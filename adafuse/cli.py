@@ -30,49 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     src = run.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text ('\\n' is read as a newline)")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
-    d = DecodeConfig()
-    run.add_argument("--tau", type=float, default=d.tau, help="margin threshold τ_Δ in [0, 1]")
-    run.add_argument("--max-words", type=int, default=d.max_words, help="M: most words a confident model commits")
-    run.add_argument("--branches", type=int, default=d.branches, help="B: candidates an uncertain model explores")
-    run.add_argument("--no-diversity", action="store_true", help="beam search instead of distinct first tokens")
-    run.add_argument("--method", choices=METHODS, default=d.method,
-                     help="decoding method: " + "; ".join(f"{k}: {v.summary}" for k, v in METHODS.items()))
-    run.add_argument("--span-words", type=int, default=d.span_words, help="n for --method fixed-span")
-    run.add_argument("--mode", choices=("raw", "chat"), default=d.mode,
+    run.add_argument("--mode", choices=("raw", "chat"), default=DecodeConfig().mode,
                      help="raw prompt for every model, or each model's chat template")
-    run.add_argument("--system", default=d.system, metavar="TEXT",
-                     help="chat mode: a system message before the prompt ('\\n' is a newline)")
-    run.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=d.thinking,
-                     help="chat mode: turn the template's enable_thinking switch on or off; unset: the "
-                          "template's default")
-    run.add_argument("--weights", type=float, nargs="+", default=[], metavar="W",
-                     help="one weight per model, in --models order: fused score = Σ w·NLL / Σ w (default: equal)")
-    run.add_argument("--gate", default="", metavar="PATH",
-                     help="a learned gate file (per-round weights; assets/gates/ has ones for the bundled pair)")
-    run.add_argument("--normalize", choices=("token", "word"), default=d.normalize,
-                     help="average each candidate's NLL over its tokens (the paper) or over its words")
-    run.add_argument("--speculate", action="store_true",
-                     help="speculative proposals: a confident model first verifies the spans proposed before it this "
-                          "round in one forward (same decode, fewer forward passes)")
-    run.add_argument("--no-draft-lookup", action="store_true",
-                     help="with --speculate: verify only the models' spans, not what followed the answer's last words "
-                          "earlier in the prompt and answer (prompt lookup)")
-    run.add_argument("--max-new-words", type=int, default=d.max_new_words, help="stop after this many words")
-    run.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="stop after this many tokens")
-    run.add_argument("--max-word-tokens", type=int, default=d.max_word_tokens, help="a word ends after this many tokens")
-    run.add_argument("--stop", action="append", default=[], help="stop string (repeatable; '\\n' is a newline)")
+    add_decode_args(run)
     run.add_argument("--compare", action="store_true", help="also run each model alone (greedy)")
     run.add_argument("--json", type=Path, metavar="PATH", help="write the trace as JSON here")
-    run.add_argument("--device", help="cuda, cuda:1, cpu, auto ... for every model without @DEVICE "
-                                      "(default: CUDA if present)")
-    run.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
-    workers = run.add_mutually_exclusive_group()
-    workers.add_argument("--parallel", dest="parallel", action="store_true", default=None,
-                         help="run the models side by side, one worker each (default when each model has a GPU or "
-                              "a server of its own, or when a short probe measures it faster on this machine's CPU)")
-    workers.add_argument("--sequential", dest="parallel", action="store_false",
-                         help="run the models one after another (default on one shared GPU, and on a CPU where "
-                              "the probe measures it faster)")
     run.add_argument("--debug", action="store_true", help="show full stack traces on errors")
 
     sub.add_parser("gate", help="learn per-model weights from answers: gate train / gate search (see "
@@ -120,6 +82,83 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+
+def add_decode_args(p: argparse.ArgumentParser, **helps: str) -> None:
+    """The decoding settings, the models' placement and workers, as `run` and `serve` take them (`helps`: other help
+    texts by destination, e.g. system=...); `decode_config` reads them back."""
+    d = DecodeConfig()
+    say = {"system": "chat mode: a system message before the prompt ('\\n' is a newline)",
+           "stop": "stop string (repeatable; '\\n' is a newline)", "max_new_tokens": "stop after this many tokens",
+           **helps}
+    p.add_argument("--tau", type=float, default=d.tau, help="margin threshold τ_Δ in [0, 1]")
+    p.add_argument("--max-words", type=int, default=d.max_words, help="M: most words a confident model commits")
+    p.add_argument("--branches", type=int, default=d.branches, help="B: candidates an uncertain model explores")
+    p.add_argument("--no-diversity", action="store_true", help="beam search instead of distinct first tokens")
+    p.add_argument("--method", choices=METHODS, default=d.method,
+                   help="decoding method: " + "; ".join(f"{k}: {v.summary}" for k, v in METHODS.items()))
+    p.add_argument("--span-words", type=int, default=d.span_words, help="n for --method fixed-span")
+    p.add_argument("--system", default=d.system, metavar="TEXT", help=say["system"])
+    p.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=d.thinking,
+                   help="chat mode: turn the template's enable_thinking switch on or off; unset: the template's default")
+    p.add_argument("--weights", type=float, nargs="+", default=[], metavar="W",
+                   help="one weight per model, in --models order: fused score = Σ w·NLL / Σ w (default: equal)")
+    p.add_argument("--gate", default="", metavar="PATH",
+                   help="a learned gate file (per-round weights; assets/gates/ has ones for the bundled pair)")
+    p.add_argument("--normalize", choices=("token", "word"), default=d.normalize,
+                   help="average each candidate's NLL over its tokens (the paper) or over its words")
+    p.add_argument("--speculate", action="store_true",
+                   help="speculative proposals: a confident model first verifies the spans proposed before it this "
+                        "round in one forward (same decode, fewer forward passes)")
+    p.add_argument("--no-draft-lookup", action="store_true",
+                   help="with --speculate: verify only the models' spans, not what followed the answer's last words "
+                        "earlier in the prompt and answer (prompt lookup)")
+    p.add_argument("--max-new-words", type=int, default=d.max_new_words, help="stop after this many words")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=say["max_new_tokens"])
+    p.add_argument("--max-word-tokens", type=int, default=d.max_word_tokens, help="a word ends after this many tokens")
+    p.add_argument("--stop", action="append", default=[], help=say["stop"])
+    p.add_argument("--device", help="cuda, cuda:1, cpu, auto ... for every model without @DEVICE "
+                                    "(default: CUDA if present)")
+    p.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
+    workers = p.add_mutually_exclusive_group()
+    workers.add_argument("--parallel", dest="parallel", action="store_true", default=None,
+                         help="run the models side by side, one worker each (default when each model has a GPU or "
+                              "a server of its own, or when a short probe measures it faster on this machine's CPU)")
+    workers.add_argument("--sequential", dest="parallel", action="store_false",
+                         help="run the models one after another (default on one shared GPU, and on a CPU where "
+                              "the probe measures it faster)")
+
+
+def check_weights(weights, models) -> None:
+    """--weights against --models, before any model loads."""
+    if weights and len(weights) != len(models):
+        from .errors import ConfigError
+        raise ConfigError(f"--weights has {len(weights)} values for {len(models)} models: give one per model")
+
+
+def decode_config(args: argparse.Namespace, **fields) -> DecodeConfig:
+    """The settings `add_decode_args` took (and `fields`), checked against --models before any model loads."""
+    from .stops import parse_stops
+    METHODS[args.method].check_count(args.method, len(args.models))
+    cfg = DecodeConfig(tau=args.tau, max_words=args.max_words, branches=args.branches, diversity=not args.no_diversity,
+                       method=args.method, span_words=args.span_words, max_new_words=args.max_new_words,
+                       max_new_tokens=args.max_new_tokens, max_word_tokens=args.max_word_tokens,
+                       stop=tuple(x for s in args.stop for x in parse_stops(s)), system=_unescape(args.system),
+                       thinking=args.thinking, weights=tuple(args.weights), gate=args.gate, speculate=args.speculate,
+                       draft_lookup=not args.no_draft_lookup, normalize=args.normalize, **fields)
+    check_weights(cfg.weights, args.models)
+    return cfg
+
+
+def load_models(args: argparse.Namespace) -> list:
+    """--models, each loaded (saying so on stderr) on --device, by a registry of this command's own."""
+    from .models import ModelRegistry
+    models, registry = [], ModelRegistry()
+    for name in args.models:
+        print(f"loading {name} ...", file=sys.stderr, flush=True)
+        models.append(registry.get(name, device=args.device, trust_remote_code=args.trust_remote_code))
+        print(f"  {models[-1].describe()}", file=sys.stderr, flush=True)
+    return models
+
 def run_eval(args) -> int:
     from .harness.evaluate import evaluate, parse_methods, write_summary
     from .models import ModelRegistry
@@ -132,9 +171,7 @@ def run_eval(args) -> int:
     base = {k: v for k, v in (("tau", args.tau), ("max_words", args.max_words), ("branches", args.branches),
                               ("max_new_words", args.max_new_words),
                               ("weights", tuple(args.weights) if args.weights else None)) if v is not None}
-    if args.weights and len(args.weights) != len(args.models):
-        from .errors import ConfigError
-        raise ConfigError(f"--weights has {len(args.weights)} values for {len(args.models)} models: give one per model")
+    check_weights(args.weights, args.models)
     DecodeConfig(**base)  # validate before loading anything
     runs = parse_methods(args.methods, args.models)
     check_concurrency(args.concurrency)
@@ -155,10 +192,8 @@ def _unescape(s: str) -> str:
 
 def run(args) -> int:
     from .ensemble import AdaFuse, greedy
-    from .models import ModelRegistry
     from .report import cost_rows, format_table, round_rows
     from .errors import PromptError
-    from .stops import parse_stops
     if args.prompt_file:
         try:
             prompt = args.prompt_file.read_text(encoding="utf-8")
@@ -167,20 +202,10 @@ def run(args) -> int:
                               "text file") from exc
     else:
         prompt = _unescape(args.prompt)
-    METHODS[args.method].check_count(args.method, len(args.models))  # before loading anything
-    cfg = DecodeConfig(tau=args.tau, max_words=args.max_words, branches=args.branches, diversity=not args.no_diversity,
-                       method=args.method, span_words=args.span_words, mode=args.mode,
-                       max_new_words=args.max_new_words, max_new_tokens=args.max_new_tokens,
-                       max_word_tokens=args.max_word_tokens, stop=tuple(x for s in args.stop for x in parse_stops(s)),
-                       system=_unescape(args.system), thinking=args.thinking, weights=tuple(args.weights), gate=args.gate,
-                       speculate=args.speculate, draft_lookup=not args.no_draft_lookup, normalize=args.normalize)
+    cfg = decode_config(args, mode=args.mode)  # before loading anything
     if not prompt.strip():
         raise PromptError("the prompt is empty: pass --prompt TEXT or --prompt-file PATH with some text")
-    models, registry = [], ModelRegistry()  # this command's models
-    for name in args.models:
-        print(f"loading {name} ...", file=sys.stderr, flush=True)
-        models.append(registry.get(name, device=args.device, trust_remote_code=args.trust_remote_code))
-        print(f"  {models[-1].describe()}", file=sys.stderr)
+    models = load_models(args)
     fuser = AdaFuse(models, cfg, parallel=args.parallel)
     d = fuser.start(prompt)
     for r in d:
