@@ -147,7 +147,7 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
         bar = tqdm(total=len(todo), desc=task.name, unit="run", file=sys.stderr)
     def job(no, ex, run):
         settings = {"stop": task.stop, "max_new_words": task.max_new_words,
-                    "max_new_tokens": 4 * task.max_new_words, **(base or {}), **run.settings}
+                    "max_new_tokens": task.max_new_tokens, **(base or {}), **run.settings}
         if len(run.models) == 1:  # a model alone: the ensemble's per-model weights do not apply
             settings.pop("weights", None)
             settings.pop("gate", None)

@@ -78,6 +78,11 @@ class Task:
     max_new_words: int
     metric: str                # "em" | "em_f1" | "number" | "translation"
 
+    @property
+    def max_new_tokens(self) -> int:
+        """The token cap of an evaluation: four tokens a word of the word cap."""
+        return 4 * self.max_new_words
+
     def prompt(self, head: str, question: str) -> str:
         return head.rstrip("\n") + self.template.format(q=question)
 

@@ -18,6 +18,7 @@ from ..tasks import DEFAULT_DATA, TASKS, read_examples
 HERE = Path(__file__).resolve().parent
 PREFIX = "adafuse_"  # lm-eval task names: adafuse_nq, adafuse_triviaqa, ..., adafuse_flores_de_en
 TAG = "adafuse"      # `--tasks adafuse` runs them all
+HOOKS = __name__     # where the YAMLs' !function hooks live
 
 
 def task_name(name: str) -> str:
@@ -52,20 +53,22 @@ def process_results(doc: dict, results: list[str]) -> dict:
     return t.score(pred, gold)
 
 
-def corpus_bleu(items: list[tuple[str, str]]) -> float:
+def _corpus(items: list[tuple[str, str]], metric: str) -> float:
     preds, refs = zip(*items)
-    return corpus_scores(list(preds), list(refs))["bleu"]
+    return corpus_scores(list(preds), list(refs))[metric]
+
+
+def corpus_bleu(items: list[tuple[str, str]]) -> float:
+    return _corpus(items, "bleu")
 
 
 def corpus_chrf(items: list[tuple[str, str]]) -> float:
-    preds, refs = zip(*items)
-    return corpus_scores(list(preds), list(refs))["chrf"]
+    return _corpus(items, "chrf")
 
 
 def _metrics(metric: str) -> list[str]:
-    mod = "adafuse.harness.lm_eval_tasks"
     if metric == "translation":
-        return [f"  - metric: {m}\n    aggregation: !function {mod}.corpus_{m}\n    higher_is_better: true"
+        return [f"  - metric: {m}\n    aggregation: !function {HOOKS}.corpus_{m}\n    higher_is_better: true"
                 for m in ("bleu", "chrf")]
     names = {"em": ["em"], "em_f1": ["em", "f1"], "number": ["acc"]}[metric]
     return [f"  - metric: {m}\n    aggregation: mean\n    higher_is_better: true" for m in names]
@@ -74,7 +77,6 @@ def _metrics(metric: str) -> list[str]:
 def task_yaml(name: str) -> str:
     """The lm-eval YAML of TASKS[name]."""
     t = TASKS[name]
-    mod = "adafuse.harness.lm_eval_tasks"
     return "\n".join([
         "# Written by `python -m adafuse.harness.lm_eval_tasks` from adafuse/harness/tasks.py: edit TASKS there.",
         f"# `python -m adafuse eval --task {name}` as an lm-eval task: the lines of {t.folder}/{t.file} in the data",
@@ -84,18 +86,18 @@ def task_yaml(name: str) -> str:
         f"tag: {TAG}",
         # custom_dataset reads the JSON lines itself (adafuse's line numbers and bad-line rule): not a Hub dataset
         "dataset_path: json",
-        f"custom_dataset: !function {mod}.load_docs",
+        f"custom_dataset: !function {HOOKS}.load_docs",
         "dataset_kwargs:",
         f"  adafuse_task: {name}",
         "test_split: test",
         "output_type: generate_until",
         "doc_to_text: prompt",
         "doc_to_target: target",
-        f"process_results: !function {mod}.process_results",
+        f"process_results: !function {HOOKS}.process_results",
         "generation_kwargs:",
         f"  until: {json.dumps(list(t.stop))}",
         # adafuse eval's token cap; the word cap comes with each doc (max_new_words), which the adafuse model reads
-        f"  max_gen_toks: {4 * t.max_new_words}",
+        f"  max_gen_toks: {t.max_new_tokens}",
         "  do_sample: false",
         "  temperature: 0.0",
         "metric_list:",
