@@ -46,6 +46,19 @@ def _value(raw: str):
             return raw.strip()
 
 
+def setting_value(key: str, raw, where: str):
+    """One decoding setting given as text (or already typed): a DecodeConfig field, weights as numbers separated by
+    slashes ("1/4"); `where` names what held it, for the error."""
+    if key not in DecodeConfig.__dataclass_fields__:
+        raise ConfigError(f"unknown setting {key!r} in {where}")
+    if key == "weights":
+        try:
+            return tuple(float(x) for x in str(raw).split("/"))
+        except ValueError:
+            raise ConfigError(f"weights in {where}: use numbers separated by slashes, e.g. weights=1/4") from None
+    return _value(raw) if isinstance(raw, str) else raw
+
+
 def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
     """Method specs: adafuse, beam, token-union, mixture, fixed-span-N, greedy (each model alone), greedy:MODEL,
     any of them with settings in brackets: adafuse[branches=5,tau=0.5,diversity=false]; weights are separated by
@@ -68,16 +81,7 @@ def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
             settings["span_words"] = int(span.group(1))
         for part in filter(None, (m.group("args") or "").split(",")):
             key, _, raw = part.partition("=")
-            if key.strip() not in DecodeConfig.__dataclass_fields__:
-                raise ConfigError(f"unknown setting {key.strip()!r} in {spec!r}")
-            if key.strip() == "weights":
-                try:
-                    settings["weights"] = tuple(float(x) for x in raw.split("/"))
-                except ValueError:
-                    raise ConfigError(f"weights in {spec!r}: use numbers separated by slashes, e.g. weights=1/4") \
-                        from None
-                continue
-            settings[key.strip()] = _value(raw)
+            settings[key.strip()] = setting_value(key.strip(), raw, repr(spec))
         if METHODS[base].models == (1, 1):  # a single-model method: one run per model
             targets = [m.group("model")] if m.group("model") else models
             runs += [MethodRun(f"greedy:{t}", [t], settings) for t in targets]

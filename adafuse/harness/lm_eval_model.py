@@ -21,6 +21,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from ..config import DecodeConfig
+from .evaluate import setting_value
 from ..ensemble import AdaFuse
 from ..errors import AdafuseError, ConfigError
 from ..many import DEFAULT_CONCURRENCY, check_concurrency, run_many
@@ -39,19 +40,11 @@ class ScoringNotSupported(AdafuseError, NotImplementedError):
 
 def _settings(args: dict) -> dict:
     """model_args (values already typed by lm-eval) as DecodeConfig fields; weights as "1/4" like `adafuse eval`."""
-    out = {}
-    for key, value in args.items():
-        if key not in DecodeConfig.__dataclass_fields__ or key == "stop":
-            raise ConfigError(f"unknown model_args key {key!r} for --model {NAME}: use models=A{SEPARATOR}B, "
-                              "concurrency, device, trust_remote_code or a decoding setting (tau, max_words, branches, "
-                              "weights=1/4, gate, method, normalize, speculate, ...); stop strings come from the task")
-        if key == "weights":
-            try:
-                value = tuple(float(w) for w in str(value).split("/"))
-            except ValueError:
-                raise ConfigError(f"weights={value!r}: give numbers separated by slashes, e.g. weights=1/4") from None
-        out[key] = value
-    return out
+    where = (f"--model_args of --model {NAME} (models=A{SEPARATOR}B, concurrency, device, trust_remote_code or a "
+             "decoding setting: tau, max_words, branches, weights=1/4, gate, method, normalize, speculate, ...)")
+    if "stop" in args:
+        raise ConfigError(f"stop in --model_args of --model {NAME}: the stop strings come from the task (its until)")
+    return {key: setting_value(key, value, where) for key, value in args.items()}
 
 
 def _device(device: str | None) -> str | None:
