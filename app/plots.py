@@ -169,11 +169,11 @@ def compare_html(trace: Trace | None, singles: dict[str, Trace] | None, others: 
     duration, the decode's wall clock."""
     cols = []
     if trace:
-        cols.append((title(trace), trace.output, f"{trace.words} words · {trace.seconds:.1f}s"))
+        cols.append((title(trace), trace.output, f"{count(trace.words, 'word')} · {trace.seconds:.1f}s"))
     for name, t in (others or {}).items():
-        cols.append((name, t.output, f"{t.words} words · {t.seconds:.1f}s"))
+        cols.append((name, t.output, f"{count(t.words, 'word')} · {t.seconds:.1f}s"))
     for name, t in (singles or {}).items():
-        cols.append((f"{name} alone", t.output, f"{t.words} words · {t.seconds:.1f}s"))
+        cols.append((f"{name} alone", t.output, f"{count(t.words, 'word')} · {t.seconds:.1f}s"))
     if not cols:
         return '<div class="af-empty">Single-model outputs appear here after a Run.</div>'
     cells = "".join(f'<div class="af-col"><b>{html.escape(h)}</b><div class="af-meta">{html.escape(m)}</div>'

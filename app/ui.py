@@ -598,7 +598,7 @@ def build_demo() -> gr.Blocks:
                     r = d.step()
                     moved = ex.apply_live(d)  # settings moved during the Run: from the next round on, marked
                     moved = f" · {moved} from round {d.trace.changes[-1]['from_round']}" if moved else ""
-                    yield shown(ex, f"… round {r.index + 1} · {d.trace.words} words{html.escape(moved)}",
+                    yield shown(ex, f"… round {r.index + 1} · {count(d.trace.words, 'word')}{html.escape(moved)}",
                                 export=False)
                 if not ex.cancel_requested:
                     for label in ex.run_others(names, cfg, prompt_text, other_methods, dev):
@@ -608,13 +608,14 @@ def build_demo() -> gr.Blocks:
                         yield shown(ex, f"… {name} alone done", export=False)
                 ex.running = False
                 if ex.cancel_requested and not d.done:  # kept unfinished: Step or Run goes on from these words
-                    yield shown(ex, f"■ cancelled after round {len(d.trace.rounds)}: the {d.trace.words} words so "
-                                    "far are kept — Step › or ▶ Run continues from them, ↺ Reset starts over",
+                    kept = count(d.trace.words, 'word')
+                    yield shown(ex, f"■ cancelled after round {len(d.trace.rounds)}: the {kept} so far "
+                                    f"{'is' if d.trace.words == 1 else 'are'} kept — Step › or ▶ Run continues from them, ↺ Reset starts over",
                                 loaded=True)
                     return
                 if ex.cancel_requested:  # the fused decode had finished: only the comparisons were stopped
                     yield shown(ex, f"■ cancelled the comparisons; the fused decode had finished: "
-                                    f"{d.trace.words} words, {stop_note(d.trace)}", loaded=True)
+                                    f"{count(d.trace.words, 'word')}, {stop_note(d.trace)}", loaded=True)
                     return
                 yield shown(ex, f"✓ done: {count(d.trace.words, 'word')} in {count(len(d.trace.rounds), 'round')} "
                                 f"({d.trace.seconds:.1f}s wall clock), {stop_note(d.trace)}", loaded=True)
@@ -696,11 +697,11 @@ def build_demo() -> gr.Blocks:
                 yield (ex, *render(ex, f"… branching from round {r_idx}: deciding the rounds before it again",
                                    export=False))
                 for label, d in ex.branch(r_idx, c_idx):
-                    yield shown(ex, f"… {html.escape(label)}: round {len(d.trace.rounds)} · {d.trace.words} words",
-                                export=False)
+                    yield shown(ex, f"… {html.escape(label)}: round {len(d.trace.rounds)} · "
+                                    f"{count(d.trace.words, 'word')}", export=False)
                 ex.running = False
-                yield shown(ex, f"✓ {html.escape(label)}: {d.trace.words} words ({stop_note(d.trace)}); see it "
-                                "beside the original under *Fused vs alone*", loaded=True)
+                yield shown(ex, f"✓ {html.escape(label)}: {count(d.trace.words, 'word')} ({stop_note(d.trace)}); "
+                                "see it beside the original under *Fused vs alone*", loaded=True)
             except Exception as exc:  # noqa: BLE001
                 ex.running = False
                 yield (ex, *_error(ex, exc))

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from tests.browser import ROOT, SHOTS, TEST_SLOTS, cap_words, fresh, open_tab, status, wait_status
+from tests.browser import ROOT, SHOTS, TEST_SLOTS, cap_words, fresh, open_accordion, open_tab, status, wait_status
 
 pytestmark = pytest.mark.browser
 
@@ -97,7 +97,10 @@ def test_scenario_from_an_evaluation_to_the_round_where_the_ensemble_left_a_memb
 
 def test_a_newcomers_raw_prompt_gets_a_stop_string_and_stops_after_the_answer(page):
     pg = page
-    fresh(pg)
+    pg.reload()  # a newcomer's page: every setting at its default, nothing left by the tests before
+    pg.get_by_text("AdaFuse Explorer").first.wait_for()
+    open_accordion(pg, "Model weights in the fused score", "#af-normalize")
+    assert pg.get_by_label("per word", exact=True).is_checked()  # the app's default (why: the radio's info text)
     box = pg.locator("#af-prompt textarea")
     box.fill("")
     box.type("Question: Who wrote Hamlet?\nAnswer:")

@@ -285,3 +285,19 @@ def test_a_de_en_answer_that_ends_at_once_is_one_event_scored_by_the_end_alone(p
     weighted = AdaFuse(pair, DecodeConfig(stop=stop, max_new_words=3, weights=(1, 9))).generate(prompt)
     check_trace(weighted)
     assert weighted.output.startswith(" Some")
+
+
+def test_the_newcomers_raw_question_per_token_and_per_word(hamlet, pair):
+    """Why the app's page starts at "per word" (README, "NLL per word"): on the bundled pair the raw prompt
+    "Question: Who wrote Hamlet?\\nAnswer:" answers a numbered list per token — the paper's rule lets " 1." (an unsure
+    " 1", a sure ".") beat " Shakespeare" — and answers " Shakespeare", then stops at the newline, per word."""
+    by_token, _ = hamlet
+    first = by_token.rounds[0]
+    scores = {c.text: c.fused for c in first.candidates}
+    assert first.candidates[first.winner].text == " 1." and scores[" 1."] < scores[" Shakespeare"], scores
+    assert not by_token.output.strip().startswith("Shakespeare") and " 2." in by_token.output
+    by_word = AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=12, normalize="word")).generate(
+        "Question: Who wrote Hamlet?\nAnswer:")
+    check_trace(by_word)
+    assert "Shakespeare" in by_word.output and len(by_word.output.split()) <= 3 and by_word.stop_reason in ("stop string", "eos"), \
+        (by_word.output, by_word.stop_reason)
