@@ -106,9 +106,9 @@ def add_decode_args(p: argparse.ArgumentParser, **helps: str) -> None:
                    help="a learned gate file (per-round weights; assets/gates/ has ones for the bundled pair)")
     p.add_argument("--normalize", choices=("token", "word"), default=d.normalize,
                    help="average each candidate's NLL over its tokens (the paper) or over its words")
-    p.add_argument("--speculate", action="store_true",
+    p.add_argument("--speculate", action=argparse.BooleanOptionalAction, default=d.speculate,
                    help="speculative proposals: a confident model first verifies the spans proposed before it this "
-                        "round in one forward (same decode, fewer forward passes)")
+                        "round in one forward (same decode, fewer forward passes; on by default)")
     p.add_argument("--no-draft-lookup", action="store_true",
                    help="with --speculate: verify only the models' spans, not what followed the answer's last words "
                         "earlier in the prompt and answer (prompt lookup)")
@@ -182,7 +182,8 @@ def run_eval(args) -> int:
                    registry=ModelRegistry(), lines=lines, concurrency=args.concurrency)  # this command's models
     md, csv_path = write_summary(args.out)
     print(f"\nper-example results: {out}\nsummary: {md}, {csv_path}\nwall clock {time.perf_counter() - t0:.1f} s "
-          f"with {args.concurrency} decode(s) in flight")
+          f"with {args.concurrency} decode(s) in flight" + (" (the summary's sec/example: each decode's share of the "
+                                                              "forwards it rode)" if args.concurrency > 1 else ""))
     return 0
 
 

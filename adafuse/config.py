@@ -65,8 +65,9 @@ class DecodeConfig:
     gate: str = ""
     # speculative proposals: before a confident model writes its span it verifies the spans the models before it
     # proposed this round (and its own continuation left from the last round) in one batched forward, and takes their
-    # tokens where they are its own greedy choice; the decode is the same, with fewer forward passes (README)
-    speculate: bool = False
+    # tokens where they are its own greedy choice; the decode is the same, with fewer forward passes. On by default:
+    # measured no slower on short answers and 26–30 % faster on a mix with long ones (README, "Speculative proposals")
+    speculate: bool = True
     # with `speculate`: also verify what followed the latest earlier occurrence of the answer's last words in the prompt
     # and the answer (prompt lookup; answers that copy from their question or repeat a format), not only the models'
     # spans. Lossless either way: a draft only ever saves forwards
@@ -133,7 +134,10 @@ class DecodeConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DecodeConfig":
-        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        """The settings a trace recorded (`to_dict`). A setting it does not name did not exist when it was decoded
+        and takes its default, which was that decode's behaviour — except `speculate`, off until it became the
+        default: an older trace replays, branches and explains as it was decoded, costs included."""
+        known = {"speculate": False} | {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         for key in ("stop", "weights"):
             if key in known:
                 known[key] = tuple(known[key])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from adafuse.divergence import SOLO as SINGLE, divergence, is_solo
 from adafuse.errors import ConfigError
+from adafuse.harness.evaluate import decode_seconds
 from adafuse.harness.tasks import TASKS
 from adafuse.trace import Trace
 
@@ -132,7 +133,7 @@ def write_csv(rows: list[dict], path: str | Path) -> Path:
             row[f"{m}: output"] = r["trace"]["output"]
             row.update({f"{m}: {k}": v for k, v in r["scores"].items()})
             row[f"{m}: right"] = int(right(r))
-            row[f"{m}: seconds"] = round(r["seconds"], 3)
+            row[f"{m}: seconds"] = round(decode_seconds(r), 3)
         out.append(row)
     path = Path(path)
     fields = list(dict.fromkeys(k for r in out for k in r))

@@ -470,7 +470,7 @@ def build_demo() -> gr.Blocks:
                 with gr.Accordion("Chat mode: system prompt and thinking", open=False):
                     system.render()
                     thinking.render()
-                speculate = gr.Checkbox(False, elem_id="af-speculate",
+                speculate = gr.Checkbox(DecodeConfig.speculate, elem_id="af-speculate",
                                         label="Speculative proposals (same decode, fewer forward passes)",
                                         info="A confident model first checks the spans proposed before it this "
                                              "round in one forward and takes their tokens where it would have "

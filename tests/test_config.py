@@ -36,6 +36,8 @@ def test_config_round_trip_and_single_stop_string():
     chat = DecodeConfig(mode="chat", system="Answer briefly.", thinking=False)
     assert DecodeConfig.from_dict(chat.to_dict()) == chat
     assert DecodeConfig.from_dict({"tau": 0.5}).system == "" and DecodeConfig().thinking is None  # older traces
+    # speculation is on by default, but a trace from before it existed was decoded without it, and replays so
+    assert DecodeConfig().speculate and not DecodeConfig.from_dict({"tau": 0.5}).speculate
 
 
 def test_exploration_settings_round_trip():

@@ -44,6 +44,9 @@ def test_summary_table():
     (s,) = summarize(rows)
     assert s["em"] == 50.0 and s["sec/example"] == 3.0 and s["rounds 1/2/3+ words %"] == "50/50/0"
     assert main_metric_table([s]) == [{"method": "adafuse", "nq": 50.0, "average": 50.0}]
+    shared = [{**r, "in_flight": 8, "trace": {**trace, "prefill": {"a": {"seconds": 0.3}}}} for r in rows]
+    (s,) = summarize(shared)  # 8 in flight: each decode's own wall time waited on the others; its share is counted
+    assert s["sec/example"] == 0.4
 
 
 @pytest.mark.models  # the eval command decodes with SmolLM2

@@ -94,7 +94,8 @@ def test_prompt_lookup_gives_the_first_model_a_draft_too():
         models = [toy_model("a", V, A), toy_model("b", V, A)]
         runs[lookup] = AdaFuse(models, DecodeConfig(tau=0.5, max_words=3, speculate=True,
                                                     draft_lookup=lookup)).generate(prompt)
-    plain = AdaFuse([toy_model("a", V, A), toy_model("b", V, A)], DecodeConfig(tau=0.5, max_words=3)).generate(prompt)
+    plain = AdaFuse([toy_model("a", V, A), toy_model("b", V, A)], DecodeConfig(tau=0.5, max_words=3, speculate=False)
+                    ).generate(prompt)
     assert plain.output == " is nice."
     first = {k: tr.rounds[0].steps[0] for k, tr in runs.items()}
     assert first[False].verify_passes == 0

@@ -128,8 +128,9 @@ def main(argv=None) -> int:
                         "e.g. --concurrency 1 2 4 8 16 --trivia 32 --gsm8k 8)")
     p.add_argument("--rounds", type=int, default=2, metavar="R",
                    help="with --concurrency: runs of each level (2: in the given order, then in reverse)")
-    p.add_argument("--speculate", action="store_true",
-                   help="with --concurrency: speculative proposals on (compare with a run without, same prompts)")
+    p.add_argument("--speculate", action=argparse.BooleanOptionalAction, default=DecodeConfig.speculate,
+                   help="with --concurrency: speculative proposals on or off (the library's default: on; compare "
+                        "--no-speculate, same prompts)")
     args = p.parse_args(argv)
     if args.remote:
         return remote_bench(args)
@@ -141,12 +142,14 @@ def main(argv=None) -> int:
                 for t, prompt, cfg in tasks(args.data, args.trivia, args.gsm8k)]
         return concurrency_bench(models, work, [check_concurrency(n) for n in args.concurrency], args.rounds)
     methods = {}
+    # without speculation, the algorithm's own forwards (the speculative rows below save some of them)
     for name, kw in (("AdaFuse B=1", dict(branches=1)), ("AdaFuse B=3", dict(branches=3)),
                      ("mixture (ME, greedy words)", dict(method="mixture", temperature=0.0))):
-        methods[f"{name} sequential"] = dict(kw, parallel=False)
-        methods[f"{name} parallel"] = dict(kw, parallel=True)
+        methods[f"{name} sequential"] = dict(kw, parallel=False, speculate=False)
+        methods[f"{name} parallel"] = dict(kw, parallel=True, speculate=False)
     # exploration by meaning (selection.py): its selection's cost per uncertain round is printed below the table
-    methods["AdaFuse B=3 embedding sequential"] = dict(branches=3, exploration="embedding", parallel=False)
+    methods["AdaFuse B=3 embedding sequential"] = dict(branches=3, exploration="embedding", parallel=False,
+                                                       speculate=False)
     # speculative proposals: the same decodes, drafts verified in one forward; compared with the rows above
     # (with prompt lookup, and with the models' spans as the only drafts)
     for b in (1, 3):

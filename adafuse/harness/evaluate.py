@@ -130,7 +130,7 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
     results are appended line by line, keyed by data line and method, so a rerun resumes. `trust_remote_code` lets
     models whose repository ships its own Python run it; `registry` holds the models (default: the library's default
     registry). `concurrency`: decodes in flight at once (adafuse/many.py), each row's "seconds" then the wall time of
-    its decode while sharing the machine (and "in_flight" says with how many)."""
+    its decode while sharing the machine (and "in_flight" says with how many; `decode_seconds` is its share)."""
     check_concurrency(concurrency)
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
     examples = read_examples(data_dir / task.folder / task.file, limit, on_bad_line, warn, lines)
@@ -197,8 +197,21 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
+def decode_seconds(row: dict) -> float:
+    """What one results row's decode cost in seconds: decoded alone, its wall time; decoded with others in flight
+    (`in_flight`), its share of its models' forwards (each batched forward's time divided among the decodes riding
+    it, models/batching.py) — its own wall time then mostly waits on the others' work (8 SQuAD decodes in flight:
+    12.4 s each, 2.0 s of run wall clock per example). The run's wall clock is what `eval` prints at the end."""
+    if row.get("in_flight", 1) <= 1:
+        return row["seconds"]
+    trace = row["trace"]
+    return sum(p.get("seconds", 0.0) for p in trace.get("prefill", {}).values()) + \
+        sum(s["seconds"] for r in trace["rounds"] for s in r["steps"])
+
+
 def summarize(rows: list[dict]) -> list[dict]:
-    """One row per (task, method): scores ×100, corpus BLEU/chrF, seconds, forward passes, words per round."""
+    """One row per (task, method): scores ×100, corpus BLEU/chrF, seconds (`decode_seconds`), forward passes, words
+    per round."""
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in rows:
         groups[(r["task"], r["method"])].append(r)
@@ -212,7 +225,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         if TASKS.get(task) and TASKS[task].metric == "translation":
             golds = [it["gold"] if isinstance(it["gold"], str) else it["gold"][0] for it in items]
             out.update({k: round(v, 2) for k, v in corpus_scores([it["prediction"] for it in items], golds).items()})
-        out["sec/example"] = round(sum(it["seconds"] for it in items) / len(items), 2)
+        out["sec/example"] = round(sum(decode_seconds(it) for it in items) / len(items), 2)
         fwd = [_forward_passes(it["trace"]) for it in items]
         out["fwd/example"] = round(sum(fwd) / len(fwd), 1)
         shares = word_shares([r["words"] for it in items for r in it["trace"]["rounds"]])

@@ -163,7 +163,7 @@ def main(argv=None) -> int:
             for parallel in (True, False):
                 name = f"AdaFuse B={b} τΔ={tau} " + ("parallel" if parallel else "sequential")
                 runs.append((name, lambda pr, c, b=b, tau=tau, par=parallel:
-                             AdaFuse(models, c, branches=b, tau=tau, parallel=par).generate(pr)))
+                             AdaFuse(models, c, branches=b, tau=tau, parallel=par, speculate=False).generate(pr)))
         # speculative proposals: the lighter model's span verified by the other in one forward
         runs.append((f"AdaFuse B={b} τΔ=0.7 sequential speculative", lambda pr, c, b=b:
                      AdaFuse(models, c, branches=b, tau=0.7, parallel=False, speculate=True).generate(pr)))

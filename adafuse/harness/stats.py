@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..trace import EXPLORING
+from .evaluate import decode_seconds
 from .metrics import normalize_answer
 
 Key = tuple[str, str]  # (task, method label) of a results row
@@ -15,7 +16,7 @@ def seconds_per_word(rows: list[dict]) -> dict[Key, float]:
     secs: dict[Key, list[float]] = defaultdict(lambda: [0.0, 0])
     for r in rows:
         c = secs[(r["task"], r["method"])]
-        c[0] += r["seconds"]
+        c[0] += decode_seconds(r)
         c[1] += sum(x["words"] for x in r["trace"]["rounds"])
     return {k: v[0] / v[1] for k, v in secs.items() if v[1]}
 
