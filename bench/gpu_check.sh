@@ -4,8 +4,10 @@
 #   ./dev python -m adafuse.harness.gpu_check --prepare bench/gpu
 # On the GPU box (torch + transformers installed, no Hub needed):
 #   bench/gpu_check.sh            # prints the checks and the table; full numbers in ${OUT:-/tmp}/gpu_check.json
-#   bench/gpu_check.sh --concurrency 1 8 32 64   # many decodes at once: examples/min at each level, outputs compared
-#                                                # with one at a time (target: >= 10x at 32 in flight)
+#   bench/gpu_check.sh --concurrency 1 8 32 64 --words 8   # many decodes at once: examples/min at each level,
+#       outputs compared with one at a time (target: >= 10x at 32 in flight); 64 distinct prompts at every level.
+#       --words 8: at the 0.29 s per B=3 round measured there (results/gpu/gpu_check.log) the level of one at a time
+#       takes ~150 s; the default 24 words would take ~450 s of it, too much for one 600 s call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

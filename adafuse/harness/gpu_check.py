@@ -28,13 +28,16 @@ from ..models import DEFAULT_PAIR, LoadedModel, LocalModel, get_model
 from ..errors import ConfigError
 from ..report import format_table
 
+PREPARED = 64  # TriviaQA prompts --prepare saves: distinct questions for up to 64 decodes in flight
+
+
 def prepare(out: Path, data: Path, models: list[str]) -> None:
     """Save the models' tokenizers and the benchmark prompts where the GPU run finds them (no Hub, no shared/)."""
     out.mkdir(parents=True, exist_ok=True)
     for name in models:
         get_model(name, device="cpu").tokenizer.save_pretrained(out / name)
     head = (data / "triviaqa" / "prompt.txt").read_text()
-    rows = [json.loads(x) for x in (data / "triviaqa" / "dev.jsonl").read_text().splitlines()[:10]]
+    rows = [json.loads(x) for x in (data / "triviaqa" / "dev.jsonl").read_text().splitlines()[:PREPARED]]
     prompts = [f"{head}\n\nQuestion: {r['question']}\nAnswer:" for r in rows]
     (out / "prompts.json").write_text(json.dumps(prompts, ensure_ascii=False, indent=1))
     print(f"wrote {out}: tokenizers of {', '.join(models)} and {len(prompts)} TriviaQA prompts")
@@ -118,14 +121,14 @@ def main(argv=None) -> int:
     p.add_argument("--spec", type=Path, help="JSON file naming the models to build (see above); needed to run")
     p.add_argument("--data", type=Path, default=None, help="benchmark data folder (for --prepare)")
     p.add_argument("--dir", type=Path, default=Path("bench/gpu"), help="folder written by --prepare")
-    p.add_argument("--questions", type=int, default=10)
+    p.add_argument("--questions", type=int, default=10, help="prompts per method in the methods' table")
     p.add_argument("--words", type=int, default=24, help="words per answer")
     p.add_argument("--tiny", action="store_true", help="2-layer models (check the script itself, e.g. on CPU)")
     p.add_argument("--out", type=Path, help="write every number as JSON here")
     p.add_argument("--concurrency", nargs="+", type=int, metavar="N",
                    help="instead of the methods' table: AdaFuse B=3 with N decodes in flight at each level (e.g. 1 8 "
-                        "32 64; as many prompts as the highest level, the questions repeated), outputs compared with "
-                        "one at a time")
+                        f"32 64; as many prompts as the highest level, distinct up to the {PREPARED} prepared), "
+                        "outputs compared with one at a time")
     args = p.parse_args(argv)
     if args.prepare:
         from .tasks import DEFAULT_DATA
@@ -140,7 +143,8 @@ def main(argv=None) -> int:
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     print(f"device: {torch.cuda.get_device_name(0) if device != 'cpu' else 'cpu'}; torch {torch.__version__}",
           flush=True)
-    prompts = json.loads((args.dir / "prompts.json").read_text())[: args.questions]
+    prepared = json.loads((args.dir / "prompts.json").read_text())
+    prompts = prepared[: args.questions]
     models = [build(shape, args.dir / shape["tokenizer"], device, args.tiny) for shape in spec["models"]]
     for lm in models:
         print(f"  {lm.describe()}", flush=True)
@@ -154,7 +158,7 @@ def main(argv=None) -> int:
         from .bench_many import concurrency_bench
         levels = [check_concurrency(n) for n in args.concurrency]
         cfg = DecodeConfig(max_new_words=args.words, max_new_tokens=4 * args.words, branches=3)
-        work = [("triviaqa", prompts[i % len(prompts)], cfg) for i in range(max(levels))]
+        work = [("triviaqa", prepared[i % len(prepared)], cfg) for i in range(max(levels))]
         return concurrency_bench(models, work, levels, rounds=1) or (1 if problems else 0)
     rows, numbers, ref = [], {}, spec.get("reference")
     runs = [(f"{lm.name} greedy", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
