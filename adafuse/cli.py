@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--branches", type=int, help="B for every method (default 3)")
     ev.add_argument("--weights", type=float, nargs="+", metavar="W", help="one weight per model for every method")
     ev.add_argument("--max-new-words", type=int, help="override the task's word cap (GSM8K: 200)")
+    ev.add_argument("--speculate", action=argparse.BooleanOptionalAction, default=None,
+                    help="speculative proposals for every method (default: on, the library's default; the same "
+                         "answers, fewer forwards)")
     ev.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     ev.add_argument("--out", type=Path, default=Path("results"), help="folder for <task>.jsonl, summary.md, summary.csv")
     ev.add_argument("--on-bad-line", choices=("skip", "stop"), default="skip", help="what a bad data line does")
@@ -169,7 +172,7 @@ def run_eval(args) -> int:
     lines = parse_lines(args.lines) if args.lines else None
     limit = args.limit if args.limit is not None or lines else 20
     base = {k: v for k, v in (("tau", args.tau), ("max_words", args.max_words), ("branches", args.branches),
-                              ("max_new_words", args.max_new_words),
+                              ("max_new_words", args.max_new_words), ("speculate", args.speculate),
                               ("weights", tuple(args.weights) if args.weights else None)) if v is not None}
     check_weights(args.weights, args.models)
     DecodeConfig(**base)  # validate before loading anything

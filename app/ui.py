@@ -610,7 +610,8 @@ def build_demo() -> gr.Blocks:
                 if ex.cancel_requested and not d.done:  # kept unfinished: Step or Run goes on from these words
                     kept = count(d.trace.words, 'word')
                     yield shown(ex, f"■ cancelled after round {len(d.trace.rounds)}: the {kept} so far "
-                                    f"{'is' if d.trace.words == 1 else 'are'} kept — Step › or ▶ Run continues from them, ↺ Reset starts over",
+                                    f"{'is' if d.trace.words == 1 else 'are'} kept — Step › or ▶ Run continues "
+                                    "from there, ↺ Reset starts over",
                                 loaded=True)
                     return
                 if ex.cancel_requested:  # the fused decode had finished: only the comparisons were stopped

@@ -133,7 +133,7 @@ def build(results: Path, docs: Path) -> Path:
     if ratios:
         obs.append("- Mixture (word-level ME: one model writes each word, nobody scores): seconds per word ÷ the mean "
                    "single model's, task by task: " + ", ".join(f"{t} {r:.2f}" for t, r in ratios)
-                   + ". These are wall seconds per example over words: they include prefilling both models' prompts "
+                   + ". These are wall seconds per example over words (decoded one at a time): they include prefilling both models' prompts "
                    "(a single model prefills one) and ME samples at temperature 1, which writes words of more tokens; "
                    "the runs also shared the CPUs with other jobs. The README's benchmark measures decode seconds per "
                    "word with greedy words, where ME's point (about one model's work per word) can be checked.")
@@ -276,7 +276,8 @@ def build(results: Path, docs: Path) -> Path:
 
     # cost
     out += ["## Cost per example (seconds, forward passes of all models, 2 CPU cores)", "",
-            "Wall-clock seconds per decode (model loading and the shared few-shot prefix excluded). The runs were made "
+            "Wall-clock seconds per decode (model loading and the shared few-shot prefix excluded; a row decoded with "
+            "others in flight counts its share of the models' forwards instead, `evaluate.decode_seconds`). The runs were made "
             "either as one process using both cores or as two processes with one core each (`experiments/run.py`); on "
             "these small models the two give per-decode times within about 10 % of each other.", ""]
     cost = defaultdict(dict)

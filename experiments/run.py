@@ -140,7 +140,10 @@ def worker(idx: int, todo: "queue.Queue", out: Path, log: Path, threads: int) ->
         if not mine.exists() and (out / f"{task}.jsonl").exists():
             shutil.copyfile(out / f"{task}.jsonl", mine)
         cmd = [sys.executable, "-m", "adafuse", "eval", "--task", task, "--limit", str(limit), "--out", str(folder),
-               "--no-progress", "--methods", *methods, *extra]
+               "--no-progress", "--methods", *methods, *extra,
+               # as the stored results were decoded: one at a time (wall seconds per decode) and without speculation
+               # (the algorithm's own forwards), so rows added to them stay comparable
+               "--concurrency", "1", "--no-speculate"]
         t0 = time.time()
         with log.open("a") as fh:
             fh.write(f"[w{idx} {time.strftime('%H:%M:%S')}] start {task} {' '.join(methods)}\n")

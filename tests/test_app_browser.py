@@ -340,6 +340,8 @@ def test_a_learned_gate_weighs_each_round_and_the_views_show_it(page):
 
 def test_speculative_proposals_are_on_and_show_their_drafts_in_the_cost_view(page):
     pg = page
+    pg.reload()  # every setting at its default (an opened example restores its own, speculation off included)
+    pg.get_by_text("AdaFuse Explorer").first.wait_for()
     fresh(pg, "QA · author of Hamlet", "Hamlet")
     assert pg.locator("#af-speculate input").is_checked()  # the default (README: measured never slower)
     pg.locator("#af-run").click()

@@ -337,7 +337,8 @@ def remote_bench(args) -> int:
                 words = calls = 0
                 decode = 0.0
                 for prompt, cfg in items:
-                    tr = AdaFuse(pair, cfg, tau=0.7, branches=b).generate(prompt)
+                    # without speculation: a served member verifies no drafts, a local one would
+                    tr = AdaFuse(pair, cfg, tau=0.7, branches=b, speculate=False).generate(prompt)
                     words += tr.words
                     decode += sum(r.seconds for r in tr.rounds)
                     calls += sum(st.forward_passes for r in tr.rounds for st in r.steps if st.model == pair[0].name)

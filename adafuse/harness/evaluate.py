@@ -199,14 +199,17 @@ def read_rows(path: Path) -> list[dict]:
 
 def decode_seconds(row: dict) -> float:
     """What one results row's decode cost in seconds: decoded alone, its wall time; decoded with others in flight
-    (`in_flight`), its share of its models' forwards (each batched forward's time divided among the decodes riding
-    it, models/batching.py) — its own wall time then mostly waits on the others' work (8 SQuAD decodes in flight:
-    12.4 s each, 2.0 s of run wall clock per example). The run's wall clock is what `eval` prints at the end."""
+    (`in_flight`), its models' seconds from its trace — for a local model its share of each packed forward it rode
+    (the forward's time split by positions, models/batching.py), for a served one its requests' wall time — since
+    its own wall time then mostly waits on the others' work (8 SQuAD decodes in flight: 12.4 s each, 2.0 s of run
+    wall clock per example). The share leaves out the decoder's own Python work (alone, forwards are 86–97 % of a
+    decode's wall time in the stored results), so compare rows decoded the same way. The run's wall clock is what
+    `eval` prints at the end."""
     if row.get("in_flight", 1) <= 1:
         return row["seconds"]
     trace = row["trace"]
     return sum(p.get("seconds", 0.0) for p in trace.get("prefill", {}).values()) + \
-        sum(s["seconds"] for r in trace["rounds"] for s in r["steps"])
+        sum(s.get("seconds", 0.0) for r in trace["rounds"] for s in r["steps"])
 
 
 def summarize(rows: list[dict]) -> list[dict]:
