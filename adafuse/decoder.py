@@ -50,6 +50,8 @@ class Decoding:
         weakref.finalize(self, self.workers.close)
         self.rider = Rider()  # this decode at the models' batchers (many decodes at once share forwards)
         with self.rider.working():
+            for lm in self.models:
+                lm.expect(self.rider)
             self.sessions: list[ModelView] = self.workers.map(
                 lambda m: self.models[m].open_view(prompt, config.mode, config.stop, config.system, config.thinking),
                 range(len(self.models)))

@@ -114,6 +114,11 @@ def test_a_batch_waits_for_a_working_decode_and_carries_both(monkeypatch):
         assert not b._ready()
         r2.waiting += 1  # its request is in (here or at another model)
         assert b._ready()
+    fresh = Rider()  # a decode starting now (no request sent yet): waited for once it says it will come
+    with fresh.working():
+        assert b._ready()
+        b.expect(fresh)
+        assert not b._ready()
 
 
 def test_caps_hold_requests_back_and_a_failing_request_fails_alone():

@@ -62,6 +62,10 @@ class LoadedModel(ABC):
                   thinking: bool | None = None):
         """This model's `ModelView` of one decode of `prompt` (rendered in `mode`: "raw" or "chat")."""
 
+    def expect(self, rider) -> None:
+        """A decode (its `Rider`, models/batching.py) starts using this model: models that gather many decodes'
+        forwards wait for its first one too. Others ignore it."""
+
     # ---- tokenizer facts ----
     @property
     def has_chat_template(self) -> bool:

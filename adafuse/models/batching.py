@@ -143,6 +143,12 @@ class Batcher:
         # what it did: forwards run, requests served, the most requests and positions one forward carried
         self.forwards = self.requests = self.peak_requests = self.peak_positions = 0
 
+    def expect(self, rider: Rider) -> None:
+        """A decode starting now will send requests here: its first forward is waited for like its later ones (four
+        prefills that start together run as one forward, not one alone and three packed)."""
+        with _GATE:
+            self.riders.add(rider)
+
     def forward(self, rows: list[list[int]], cache, keep: int | None = None) -> Request:
         """Feed `rows` (equal lengths) after `cache`'s positions, in a forward with whatever else waits; returns the
         served request (its `logprobs`, `seconds`, `riders`), or raises the error its forward raised."""

@@ -49,6 +49,12 @@ class LocalModel(LoadedModel):
                 self._batcher = Batcher(self.model)
             return self._batcher
 
+    def expect(self, rider) -> None:
+        with self.tokenizer_lock:
+            batcher = self._batcher
+        if batcher is not None:  # no batcher yet: no other decode's forward could wait for this one
+            batcher.expect(rider)
+
     @property
     def device(self) -> torch.device:
         """Where the input ids go (the embedding's device; with device_map="auto" later layers may sit elsewhere)."""
