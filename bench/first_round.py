@@ -32,9 +32,9 @@ FOUR = ("QA · tallest mountain", "Reading · lighthouse", "Translate · German 
 
 
 def app_config(example: dict) -> DecodeConfig:
-    """What the page decodes an example with: its stop and word cap, NLL per word (the app's default)."""
-    return DecodeConfig(max_new_words=example["max_words"], max_new_tokens=4 * example["max_words"],
-                        stop=parse_stops(example["stop"]),
+    """What the page decodes an example with: its mode, stop and word cap, and the page's defaults where they differ
+    from the library's (NLL per word, Max new tokens 1024: app/ui.py)."""
+    return DecodeConfig(max_new_words=example["max_words"], max_new_tokens=1024, stop=parse_stops(example["stop"]),
                         mode=example["mode"], normalize="word")
 
 
@@ -122,9 +122,8 @@ def main(argv=None) -> None:
                for lm in models}
     lone = [statistics.median(x) for x in zip(*alone)]
     tog = [statistics.median(x) for x in zip(*together)]
-    own_prefill = []
-    for e in examples:  # each prompt's own prefill, per model, alone
-        own_prefill.append(sum(prefill_seconds(lm, [e["prompt"]], False) for lm in models))
+    # each prompt's own prefill by every model, alone
+    own_prefill = [sum(prefill_seconds(lm, [p], False) for lm in models) for p in prompts]
     floor = sum(v["packed"] for v in prefill.values()) + max(a_ - p_ for a_, p_ in zip(lone, own_prefill))
     print(f"{'example':32} {'alone s':>8} {'together s':>11} {'ratio':>6} {'own prefill s':>14}")
     for e, a_, t_, p_ in zip(examples, lone, tog, own_prefill):
