@@ -84,9 +84,18 @@ def test_the_eval_harness_runs_a_served_model(server, remote, pair, tmp_path):
     assert len(rows) == 3 and all(r["trace"]["output"].strip() for r in rows)
 
 
+def _served_margins(trace, model: str) -> list[list[float]]:
+    return [st.margins for r in trace.rounds for st in r.steps if st.model == model]
+
+
 def test_eight_decodes_in_flight_with_a_served_member_give_their_own_traces(remote, pair):
     """Many decodes at once with a served member: each decode's requests go out while the others' do (the server
-    batches them), and each trace is the one decoded alone, with the same requests per decode."""
+    batches them), and each trace is the one decoded alone, with the same requests per decode.
+
+    vLLM's answers are not batch-invariant: the same context asked while other decodes' requests run can come back
+    with other log-probs (measured on this CPU server: a word start's margin 0.0188 alone, 0.0547 with seven other
+    prompts in flight, with or without its prefix cache). A decode the server answered differently may then take
+    another path (more or fewer requests); the request counts are compared where the server answered the same."""
     import time
     cfg = DecodeConfig(stop=("\n",), max_new_words=12, explore_top_k=20)
     prompts = [qa_prompt("triviaqa", i) for i in range(8)]
@@ -97,9 +106,15 @@ def test_eight_decodes_in_flight_with_a_served_member_give_their_own_traces(remo
     many = ens.generate_many(prompts, concurrency=8)
     t2 = time.perf_counter()
     assert [t.output for t in many] == [t.output for t in alone]
-    assert [t.cost(remote.name)["forward_passes"] for t in many] == [t.cost(remote.name)["forward_passes"]
-                                                                     for t in alone]
-    print(f"8 decodes with a served member: one at a time {t1 - t0:.1f} s, 8 in flight {t2 - t1:.1f} s")
+    same_answers = [i for i, (a, m) in enumerate(zip(alone, many))
+                    if len(ma := _served_margins(a, remote.name)) == len(mm := _served_margins(m, remote.name))
+                    and all(len(x) == len(y) and all(abs(u - v) < 1e-4 for u, v in zip(x, y)) for x, y in zip(ma, mm))]
+    assert len(same_answers) >= 4, f"the server answered only decodes {same_answers} as it did alone"
+    passes = [(t.cost(remote.name)["forward_passes"], u.cost(remote.name)["forward_passes"])
+              for t, u in zip(many, alone)]
+    assert [passes[i][0] for i in same_answers] == [passes[i][1] for i in same_answers], passes
+    print(f"8 decodes with a served member: one at a time {t1 - t0:.1f} s, 8 in flight {t2 - t1:.1f} s; "
+          f"served the same answers: {len(same_answers)} of 8")
 
 
 def test_a_server_killed_mid_decode_is_a_typed_error_and_keeps_the_trace(server, remote, pair):
