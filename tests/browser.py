@@ -1,6 +1,7 @@
 """Helpers of the browser tests: the app started with `python app.py` on a free port, driven with Playwright and
 Debian's Chromium (the `server` and `page` fixtures live in conftest.py: one app for every browser test module)."""
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -88,11 +89,14 @@ def wait_status(pg, needle: str, timeout_s: float = 400, fail_on_error: bool = T
 
 def pick_example(pg, label: str, needle: str):
     """Click an example until the prompt box holds it (the page may still be wiring its events)."""
+    box = pg.locator("#af-prompt textarea")
     for _ in range(20):
         pg.get_by_role("button", name=label).click()
-        time.sleep(0.5)
-        if needle in pg.locator("#af-prompt textarea").input_value():
+        try:
+            expect(box).to_have_value(re.compile(re.escape(needle)), timeout=1_000)
             return
+        except AssertionError:
+            continue
     raise AssertionError(f"example {label!r} did not fill the prompt")
 
 
@@ -127,7 +131,8 @@ def cap_words(pg, n: int) -> None:
 
 
 def open_tab(pg, name: str):
-    pg.get_by_role("tab", name=name).click()
-    time.sleep(0.5)
+    tab = pg.get_by_role("tab", name=name)
+    tab.click()
+    expect(tab).to_have_attribute("aria-selected", "true")
 
 

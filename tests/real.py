@@ -1,5 +1,6 @@
 """Helpers for the tests on the real bundled pair: benchmark prompts, the checks every real trace passes, tolerances."""
 import json
+import os
 
 import pytest
 
@@ -21,8 +22,11 @@ def qa_prompt(task: str, index: int = 0) -> str:
     return f"{prompt}\n\nQuestion: {row['question']}\nAnswer:"
 
 
-def gsm8k_prompt(index: int = 0) -> str:
+def gsm8k_prompt(index: int = 0, shots: int | None = None) -> str:
+    """GSM8K's few-shot prompt (the first `shots` worked examples, all by default) and test question `index`."""
     prompt = (SHARED / "gsm8k" / "prompt.txt").read_text()
+    if shots is not None:
+        prompt = "\n\nQuestion:".join(prompt.split("\n\nQuestion:")[:shots])
     row = json.loads((SHARED / "gsm8k" / "test300.jsonl").read_text().splitlines()[index])
     return f"{prompt}\n\nQuestion: {row['question']}\nLet's think step by step\n"
 
@@ -58,6 +62,15 @@ def models_disagree(tr: Trace) -> bool:
 PIECES = list("abcXYZ019 .,;:!?'-\n") + ["  ", "\n\n", "巴", "黎", "是", "法国", "🙂", "😀", "é", "ß", "ー", "https://x.io/a?b=1"]
 TEXTS = st.lists(st.sampled_from(PIECES), min_size=1, max_size=25).map("".join)
 RELAXED = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Property tests that decode with the real models: a handful of examples on every run (the toy tier checks the same
+# properties with many), today's full count under the nightly profile: `HYPOTHESIS_PROFILE=nightly ./dev test -m models`.
+# (The tokenizer-only properties above keep RELAXED's 40 examples: they take under a second.)
+NIGHTLY = os.environ.get("HYPOTHESIS_PROFILE") == "nightly"
+
+
+def real_decodes(nightly: int, ci: int = 3):
+    """Hypothesis settings of a property test that decodes on the real pair: `ci` examples, `nightly` at night."""
+    return settings(RELAXED, max_examples=nightly if NIGHTLY else ci)
 
 
 @pytest.fixture(scope="module")

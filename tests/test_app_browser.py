@@ -44,10 +44,7 @@ def test_run_mode_renders_every_view_and_exports(page, tmp_path):
     slider = pg.locator("#af-round input[type=range]")
     slider.focus()
     pg.keyboard.press("ArrowRight" if slider.input_value() == "0" else "ArrowLeft")
-    end = time.time() + 20
-    while pg.locator("#af-pool .gtitle").text_content() == title:
-        assert time.time() < end, f"the pool still shows {title!r} after an arrow key"
-        time.sleep(0.3)
+    expect(pg.locator("#af-pool .gtitle")).not_to_have_text(title, timeout=20_000)  # redrawn for the new round
     open_tab(pg, "Rounds & cost")
     pg.locator("#af-rounds").wait_for()
     table = pg.locator("#af-rounds").inner_text()
@@ -90,7 +87,7 @@ def test_step_mode_with_an_override(page):
     assert pg.locator('#af-fused .af-span[style*="e3d2fb"]').count() >= 1
     pg.locator("#af-tau input[type=number]").fill("0.3")  # a slider moved mid-decode steers the next rounds
     pg.locator("#af-tau input[type=number]").press("Tab")
-    time.sleep(1)
+    expect(pg.locator("#af-tau input[type=range]")).to_have_value("0.3")
     pg.locator("#af-step").click()
     text = wait_status(pg, "committed round 1", 200)
     assert "τΔ 0.7 → 0.3 from round 2" in text, text
@@ -238,9 +235,10 @@ def test_keyboard_run_and_accessibility_audit(page):
     assert pg.locator("#af-fused .af-legend").inner_text().count("overridden") == 0  # only kinds present
     pg.screenshot(path=str(SHOTS / "keyboard-focus.png"))
     assert AXE.exists(), "axe-core is missing: ./dev test installs it (npm)"
-    end = time.time() + 30  # earlier tests' notifications (Gradio's toasts) close on their own
-    while pg.locator(".toast-body").count() and time.time() < end:
-        time.sleep(0.5)
+    try:  # earlier tests' notifications (Gradio's toasts) close on their own
+        expect(pg.locator(".toast-body")).to_have_count(0, timeout=30_000)
+    except AssertionError:
+        pass  # one still open is audited with the page
     for tab in ("Fused vs alone", "Pool", "Tree", "Rounds & cost", "Export / load trace"):
         open_tab(pg, tab)
         pg.add_script_tag(path=str(AXE))
@@ -259,10 +257,9 @@ def test_model_list_errors_are_explained(page):
     pg.locator("#af-run").click()
     text = wait_status(pg, "Error", 60)
     assert "pick 2 to 4 base models (you picked 5)" in text, text
-    for _ in range(3):  # back to the bundled pair
+    for left in (4, 3, 2):  # back to the bundled pair
         pg.locator("#af-models .token .token-remove").last.click()
-        time.sleep(0.3)
-    assert pg.locator("#af-models .token").count() == 2
+        expect(pg.locator("#af-models .token")).to_have_count(left)
 
 
 def test_a_bad_trace_file_is_refused_and_the_session_stays(page, tmp_path):
@@ -303,7 +300,7 @@ def test_model_weights_steer_the_fused_score_and_show_in_the_pool(page):
     box.fill("3")
     box.press("Tab")
     pg.locator("#af-exploration").get_by_label("embedding").check()  # and exploration diverse in meaning
-    time.sleep(1)
+    expect(pg.locator("#af-weight-1 input[type=range]")).to_have_value("3")
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done")
     open_tab(pg, "Pool")
@@ -324,7 +321,7 @@ def test_a_learned_gate_weighs_each_round_and_the_views_show_it(page):
     open_accordion(pg, "Model weights in the fused score", "#af-gate")
     pg.locator("#af-gate input").click()
     pg.get_by_role("option", name=re.compile(r"^qa[ :]")).click()
-    time.sleep(1)
+    expect(pg.locator("#af-gate input")).to_have_value(re.compile(r"^qa[ :]"))
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done")
     open_tab(pg, "Margins")
@@ -402,10 +399,8 @@ def test_evaluate_tab_lists_results_and_opens_a_trace(page):
     examples.press("Tab")
     expect(examples).to_have_value("1")
     pg.locator("#af-eval-run").click()
-    end = time.time() + 400
-    while "examples ×" not in pg.locator("#af-eval-status").inner_text():
-        assert time.time() < end and "Error" not in pg.locator("#af-eval-status").inner_text()
-        time.sleep(1)
+    expect(pg.locator("#af-eval-status")).to_contain_text(re.compile("examples ×|Error"), timeout=400_000)
+    assert "Error" not in pg.locator("#af-eval-status").inner_text()
     assert "adafuse" in pg.locator("#af-eval-summary").inner_text()
     pg.screenshot(path=str(SHOTS / "evaluate.png"), full_page=True)
     pg.get_by_role("button", name="Open in the explorer views").click()
@@ -415,8 +410,5 @@ def test_evaluate_tab_lists_results_and_opens_a_trace(page):
     pg.get_by_role("option", name="gemma3-270m", exact=True).click()
     pg.locator("#af-unload").click()
     pg.locator("#af-load-status", has_text="unloaded gemma3-270m").wait_for()
-    end = time.time() + 30
-    while "gemma3-270m" in pg.locator("#af-loaded").inner_text():
-        assert time.time() < end, "the loaded-models table still lists gemma3-270m"
-        time.sleep(0.5)
+    expect(pg.locator("#af-loaded")).not_to_contain_text("gemma3-270m", timeout=30_000)
     assert "smollm2-135m-instruct" in pg.locator("#af-loaded").inner_text()

@@ -5,13 +5,13 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from adafuse import AdaFuse, ConfigError, DecodeConfig, PromptError, Trace
 from adafuse.models import LocalModel
 from adafuse.models.session import LocalSession
-from tests.real import check_trace, flores_prompt, gsm8k_prompt, models_disagree, qa_prompt, tolerance
+from tests.real import check_trace, flores_prompt, gsm8k_prompt, models_disagree, qa_prompt, real_decodes, tolerance
 from tests.toy import A_RULES, B_RULES, V, ToyLM, ToyTokenizer, first_round, nll, toy_model, toy_pair
 
 
@@ -217,7 +217,7 @@ def test_nq_few_shot(pair):
 
 
 def test_gsm8k_prompt(pair):
-    tr = AdaFuse(pair, DecodeConfig(stop=("\n\nQuestion:",), max_new_words=20)).generate(gsm8k_prompt())
+    tr = AdaFuse(pair, DecodeConfig(stop=("\n\nQuestion:",), max_new_words=20)).generate(gsm8k_prompt(shots=1))
     check_trace(tr)
     assert models_disagree(tr)
     assert tr.prefill["gemma3-270m"]["prompt_tokens"] > 512  # past Gemma 3's sliding window
@@ -250,7 +250,7 @@ PIECES = list("abcXYZ019 .,;:!?'-\n") + ["  ", "\n\n", "巴", "黎", "是", "法
 TEXTS = st.lists(st.sampled_from(PIECES), min_size=1, max_size=25).map("".join)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@real_decodes(nightly=6)
 @given(prompt=TEXTS, tau=st.sampled_from([0.0, 0.5, 1.0]), cap=st.integers(1, 4), mode=st.sampled_from(["raw", "chat"]))
 def test_round_texts_add_up_to_the_output(pair, prompt, tau, cap, mode):
     if not prompt.strip():

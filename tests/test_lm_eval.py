@@ -27,7 +27,7 @@ from tests.toy_tasks import ToyRegistry, toy_data, toy_qa_pair
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 MODEL_ARGS = f"models={'+'.join(DEFAULT_PAIR)},tau=0.7,max_words=3,branches=3"
-LINES = 3  # TriviaQA lines both harnesses decode (the server path: the first 2)
+LINES = 2  # TriviaQA lines both harnesses decode, through the command line (the server path too)
 
 
 def _samples(out_dir, task: str) -> list[dict]:
@@ -150,17 +150,42 @@ def test_lm_eval_model_adafuse_gives_adafuse_evals_outputs_and_exact_match(eval_
     _same_as_eval(samples, eval_rows)
 
 
+class _AnswersFromEval(AdaFuseLM):
+    """The `adafuse` lm-eval model, except that a request whose prompt and decode settings are those of an `adafuse
+    eval` row answers with that row's output instead of decoding it again (the decode is deterministic: the same
+    prompt and settings give the same output, which the command-line tests above check end to end)."""
+
+    def __init__(self, models, rows: dict[str, dict], **kw):
+        super().__init__(models=models, **kw)
+        self.rows, self.asked = rows, []
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        out = []
+        for r in requests:
+            prompt, cfg = r.args[0], self.request_config(r.args[1], r.doc)
+            row = self.rows[prompt]  # KeyError: lm-eval asked a prompt adafuse eval never decoded
+            assert cfg.to_dict() == row["trace"]["settings"], (row["task"], cfg.to_dict(), row["trace"]["settings"])
+            self.asked.append(row["task"])
+            out.append(row["trace"]["output"])
+        return out
+
+
 @pytest.mark.models
-def test_every_shipped_yaml_runs_through_lm_eval_as_adafuse_eval_runs_it(tmp_path):
-    """The other five tasks, one line each, through the real lm-eval command line and `adafuse eval`: the same
-    prompt, output and extracted answer (scores: the per-line metrics; Flores is scored on the corpus by both)."""
+def test_every_shipped_yaml_runs_through_lm_eval_as_adafuse_eval_runs_it(pair, tmp_path):
+    """The other five tasks, one line each, through lm-eval in-process (the shipped YAMLs, their hooks, lm-eval's
+    filters and metrics) and `adafuse eval`: the same prompt and decode settings per request (so the same output), the
+    same extracted answer and per-line scores (Flores is scored on the corpus by both)."""
     others = [t for t in TASKS if t != "triviaqa"]
-    by_task = _lm_eval(["--model", "adafuse", "--model_args", MODEL_ARGS, "--limit", "1"], tmp_path,
-                       ["-m", "adafuse", "lm-eval"], tasks=others)
+    rows = {t: read_rows(evaluate(TASKS[t], parse_methods(["adafuse"], list(DEFAULT_PAIR)), tmp_path / f"eval-{t}",
+                                  SAMPLE_DATA, limit=1, progress=False)) for t in others}
+    lm = _AnswersFromEval(pair, {r["trace"]["prompt"]: r for t in others for r in rows[t]},
+                          **dict(kv.split("=") for kv in MODEL_ARGS.split(",")[1:]))
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"data": str(SAMPLE_DATA)})
+    out = simple_evaluate(model=lm, tasks=[task_name(t) for t in others], task_manager=manager, limit=1,
+                          log_samples=True)
+    assert sorted(lm.asked) == sorted(others)  # one request per task, each one adafuse eval decoded
     for t in others:
-        rows = read_rows(evaluate(TASKS[t], parse_methods(["adafuse"], list(DEFAULT_PAIR)), tmp_path / f"eval-{t}",
-                                  SAMPLE_DATA, limit=1, progress=False))
-        (sample,), (row,) = by_task[t], rows
+        (sample,), (row,) = out["samples"][task_name(t)], rows[t]
         assert sample["doc"]["line"] == row["line"] == 1 and sample["doc"]["prompt"] == row["trace"]["prompt"], t
         assert sample["resps"][0][0] == row["trace"]["output"], t
         assert TASKS[t].extract(sample["filtered_resps"][0]) == row["prediction"], t

@@ -162,7 +162,7 @@ def _without_timings(tr) -> dict:
 
 @pytest.mark.parametrize("case", ["triviaqa", "gsm8k", "mixture", "chat"])
 def test_parallel_models_write_the_same_trace_as_sequential(pair, case):
-    prompt = gsm8k_prompt(2) if case == "gsm8k" else qa_prompt("triviaqa", 3)
+    prompt = gsm8k_prompt(2, shots=1) if case == "gsm8k" else qa_prompt("triviaqa", 3)
     cfg = {"triviaqa": DecodeConfig(stop=("\n",), max_new_words=20),
            "gsm8k": DecodeConfig(stop=("\n\nQuestion:",), max_new_words=12, branches=2),
            "mixture": DecodeConfig(stop=("\n",), method="mixture", seed=3, max_new_words=20),

@@ -112,7 +112,7 @@ def test_prompt_lookup_gives_the_first_model_a_draft_too():
 @pytest.mark.parametrize("case", ["flores-de-en", "gsm8k"])
 def test_the_bundled_pair_decodes_the_same_with_fewer_forward_passes(pair, case):
     if case == "gsm8k":
-        plain, spec = both_ways(pair, gsm8k_prompt(2), stop=("\n\nQuestion:",), max_new_words=20, branches=2)
+        plain, spec = both_ways(pair, gsm8k_prompt(2, shots=1), stop=("\n\nQuestion:",), max_new_words=20, branches=2)
     else:
         plain, spec = both_ways(pair, flores_prompt(1), stop=("\n",), max_new_words=20)
     # Same words, pools and choices. A draft's tokens come from a k-token forward whose CPU kernels sum in another

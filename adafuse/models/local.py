@@ -147,10 +147,9 @@ def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | 
         gguf = path if path.suffix == ".gguf" and path.is_file() else None
     notes: list[str] = []
     if gguf is not None:
-        folder = cache_root() / f"{gguf.stem}-{gguf.stat().st_size}"
-        if not (folder / META).exists():
+        folder, converted = converted_folder(gguf)
+        if converted:
             notes.append(f"converted {gguf.name} into {folder} (first load only)")
-            convert_gguf(gguf, folder)
         source = f"{gguf} (converted weights cached in {folder})"
         model, tokenizer, meta = _load_folder(folder, device, dtype, False)
     elif path.exists():
@@ -179,6 +178,21 @@ def load_model(name: str, device: str | None = None, dtype: torch.dtype | str | 
     lm.load_seconds = time.perf_counter() - start
     lm.notes = notes
     return lm
+
+
+def converted_folder(gguf: Path) -> tuple[Path, bool]:
+    """The Hugging Face folder a GGUF file is converted into under `cache_root()`, converted now if it is not there
+    yet; and whether it was converted now."""
+    folder = cache_root() / f"{gguf.stem}-{gguf.stat().st_size}"
+    if (folder / META).exists():
+        return folder, False
+    convert_gguf(gguf, folder)
+    return folder, True
+
+
+def bundled_folder(name: str) -> Path:
+    """The converted folder of a bundled model (its weights, tokenizer and adafuse.json), converted on first use."""
+    return converted_folder(_bundled_gguf(name))[0]
 
 
 def _bundled_gguf(name: str) -> Path:
