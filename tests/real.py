@@ -62,9 +62,9 @@ def models_disagree(tr: Trace) -> bool:
 PIECES = list("abcXYZ019 .,;:!?'-\n") + ["  ", "\n\n", "巴", "黎", "是", "法国", "🙂", "😀", "é", "ß", "ー", "https://x.io/a?b=1"]
 TEXTS = st.lists(st.sampled_from(PIECES), min_size=1, max_size=25).map("".join)
 RELAXED = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-# Property tests that decode with the real models: a handful of examples on every run (the toy tier checks the same
-# properties with many), today's full count under the nightly profile: `HYPOTHESIS_PROFILE=nightly ./dev test -m models`.
-# (The tokenizer-only properties above keep RELAXED's 40 examples: they take under a second.)
+# Property tests that decode with the real models: a handful of examples on every run (a toy-pair twin checks the same
+# property with many), today's count under the nightly profile: `HYPOTHESIS_PROFILE=nightly ./dev test -m models`.
+# (The tokenizer-only properties keep RELAXED's 40 examples: they take under a second.)
 NIGHTLY = os.environ.get("HYPOTHESIS_PROFILE") == "nightly"
 
 

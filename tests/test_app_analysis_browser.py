@@ -236,6 +236,7 @@ def test_four_visitors_running_at_once_each_get_the_answer_they_get_alone(page):
     alone, first_alone = [], []
     for label, needle in FOUR:
         fresh(pg, label, needle)
+        pg.get_by_label("Also run each model alone (greedy)").uncheck()  # the fused answers are compared
         pg.locator("#af-run").click()
         first_alone.append(_first_round_seconds([pg])[0])
         wait_status(pg, "✓ done")
@@ -248,6 +249,7 @@ def test_four_visitors_running_at_once_each_get_the_answer_they_get_alone(page):
                 p.goto(pg.url)
                 p.get_by_text("AdaFuse Explorer").first.wait_for()
             fresh(p, label, needle)
+            p.get_by_label("Also run each model alone (greedy)").uncheck()
         for p in pages:
             p.locator("#af-run").click()
         together = _first_round_seconds(pages)
@@ -261,3 +263,4 @@ def test_four_visitors_running_at_once_each_get_the_answer_they_get_alone(page):
     finally:
         for p in pages[1:]:
             p.close()
+        pg.get_by_label("Also run each model alone (greedy)").check()

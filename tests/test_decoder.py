@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adafuse import AdaFuse, ConfigError, DecodeConfig, PromptError, Trace
@@ -13,6 +13,7 @@ from adafuse.models import LocalModel
 from adafuse.models.session import LocalSession
 from tests.real import check_trace, flores_prompt, gsm8k_prompt, models_disagree, qa_prompt, real_decodes, tolerance
 from tests.toy import A_RULES, B_RULES, V, ToyLM, ToyTokenizer, first_round, nll, toy_model, toy_pair
+from tests.toy_tasks import CHARS as TOY_CHARS, toy_qa_pair
 
 
 def test_pool_is_deduplicated_and_scored_by_hand():
@@ -248,6 +249,16 @@ def test_short_prompts_decode(pair, prompt):
 
 PIECES = list("abcXYZ019 .,;:!?'-\n") + ["  ", "\n\n", "巴", "黎", "是", "法国", "🙂", "😀", "é", "ß", "ー", "https://x.io/a?b=1"]
 TEXTS = st.lists(st.sampled_from(PIECES), min_size=1, max_size=25).map("".join)
+
+
+@settings(max_examples=40, deadline=None)
+@given(prompt=st.text(alphabet=TOY_CHARS, min_size=1, max_size=20), tau=st.sampled_from([0.0, 0.5, 1.0]),
+       cap=st.integers(1, 4), words=st.integers(1, 6))
+def test_round_texts_add_up_to_the_output_on_the_toy_pair(prompt, tau, cap, words):
+    """The property below on the character-level toy pair, with many examples (the real-pair twin runs a few)."""
+    tr = AdaFuse(toy_qa_pair(), DecodeConfig(tau=tau, max_word_tokens=cap, max_new_words=words,
+                                             stop=("\n\n",))).generate(prompt)
+    assert "".join(r.text for r in tr.rounds) == tr.output and tr.words <= words
 
 
 @real_decodes(nightly=6)

@@ -22,7 +22,7 @@ from adafuse.harness.lm_eval_model import AdaFuseLM, ScoringNotSupported
 from adafuse.harness.lm_eval_tasks import HERE as TASKS_DIR, load_docs, process_results, task_name, write_yamls
 from adafuse.harness.metrics import corpus_scores
 from adafuse.harness.tasks import SAMPLE_DATA, TASKS
-from tests.serving import adafuse_serve
+from tests.serving import SERVE_KEY
 from tests.toy_tasks import ToyRegistry, toy_data, toy_qa_pair
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -37,12 +37,14 @@ def _samples(out_dir, task: str) -> list[dict]:
     return sorted((json.loads(line) for line in paths[0].read_text().splitlines()), key=lambda r: r["doc_id"])
 
 
-def _lm_eval(args: list[str], tmp_path, module: list[str], tasks=("triviaqa",)) -> list[dict] | dict[str, list]:
+def _lm_eval(args: list[str], tmp_path, module: list[str], tasks=("triviaqa",), env: dict | None = None
+             ) -> list[dict] | dict[str, list]:
     """Run an lm-eval command line on shipped YAMLs (the sample data) and return its samples (by task when several)."""
     cmd = [sys.executable, *module, "run", *args, "--include_path", str(TASKS_DIR),
            "--tasks", ",".join(task_name(t) for t in tasks), "--metadata", json.dumps({"data": str(SAMPLE_DATA)}),
            "--log_samples", "--output_path", str(tmp_path / "out")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **OFFLINE})
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **OFFLINE, **(env or {})})
     assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-4000:]}"
     if len(tasks) == 1:
         return _samples(tmp_path / "out", task_name(tasks[0]))
@@ -193,19 +195,14 @@ def test_every_shipped_yaml_runs_through_lm_eval_as_adafuse_eval_runs_it(pair, t
             assert {k: sample[k] for k in row["scores"]} == row["scores"], t
 
 
-@pytest.fixture
-def served(tmp_path):
-    """`python -m adafuse serve` on the bundled pair with TriviaQA's word cap (what the adafuse model takes from each
-    doc); yields its base URL."""
-    args = ["--concurrency", "2", "--max-new-words", str(TASKS["triviaqa"].max_new_words), "--log-level", "warning"]
-    with adafuse_serve(args, tmp_path / "server.log", OFFLINE) as base:
-        yield base
-
-
 @pytest.mark.models
-def test_lm_evals_local_completions_on_adafuse_serve_gives_adafuse_evals_outputs(eval_rows, served, tmp_path):
-    args = f"base_url={served}/v1/completions,model=adafuse,tokenizer_backend=None,num_concurrent=2,max_retries=1"
+def test_lm_evals_local_completions_on_adafuse_serve_gives_adafuse_evals_outputs(eval_rows, adafuse_server,
+                                                                                   tmp_path):
+    """`python -m adafuse serve` (the session's, with TriviaQA's word cap: what the adafuse model takes from each doc)
+    behind lm-eval's own `local-completions` model (its key from OPENAI_API_KEY)."""
+    args = f"base_url={adafuse_server[0]}/v1/completions,model=adafuse,tokenizer_backend=None,num_concurrent=2," \
+           "max_retries=1"
     samples = _lm_eval(["--model", "local-completions", "--model_args", args, "--limit", "2"], tmp_path,
-                       ["-m", "lm_eval"])
+                       ["-m", "lm_eval"], env={"OPENAI_API_KEY": SERVE_KEY})
     assert len(samples) == 2
     _same_as_eval(samples, eval_rows)

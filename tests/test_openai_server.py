@@ -14,14 +14,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from adafuse import DEFAULT_PAIR, AdaFuse, DecodeConfig
+from adafuse.harness.tasks import TASKS
 from adafuse.server.app import ServeSettings, build_app
 from adafuse.server.responses import settled
 from adafuse.server.slots import Run
 from adafuse.trace import Trace
-from tests.serving import adafuse_serve
+from tests.serving import SERVE_KEY as KEY
 from tests.toy import toy_pair
 
-KEY = "test-key"
 
 
 # ---- unit: the app on the toy pair, in-process ----
@@ -193,19 +193,17 @@ def test_text_that_may_begin_a_stop_string_waits_for_the_next_round():
 
 # ---- models: a real `adafuse serve` process on the bundled pair ----
 
-SETTINGS = {"max_new_words": 8, "stop": ("\n",)}  # the server's own defaults (flags below): short answers
+# the session's server (conftest.py): its default word cap; requests here ask for the stop they need
+SETTINGS = {"max_new_words": TASKS["triviaqa"].max_new_words, "stop": ("\n",)}
 FEW_SHOT = "Question: What is the capital of Italy?\nAnswer: Rome\n\nQuestion: {}\nAnswer:"
 QUESTIONS = ["Who wrote Hamlet?", "What is the capital of France?", "What is the largest planet?",
              "Who painted the Mona Lisa?"]
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """`python -m adafuse serve` on the bundled pair with an API key; yields (base URL, its log file)."""
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    args = ["--api-key", KEY, "--concurrency", "4", "--max-new-words", str(SETTINGS["max_new_words"]), "--stop", "\\n"]
-    with adafuse_serve(args, log) as base:
-        yield base, log
+def served(adafuse_server):
+    """`python -m adafuse serve` on the bundled pair with an API key (the session's: conftest.py); (base URL, log)."""
+    return adafuse_server
 
 
 @pytest.fixture(scope="module")
@@ -230,13 +228,15 @@ def test_real_completions_streamed_and_not_agree(client):
 def test_real_chat_streamed_and_not_agree(client):
     messages = [{"role": "system", "content": "Answer in a few words."},
                 {"role": "user", "content": "What is the capital of France?"}]
-    whole = client.chat.completions.create(model="adafuse", messages=messages, extra_query={"trace": "1"})
+    short = {"adafuse": {"max_new_words": 8}}  # a few words are enough to compare
+    whole = client.chat.completions.create(model="adafuse", messages=messages, extra_query={"trace": "1"},
+                                           extra_body=short)
     text = whole.choices[0].message.content
     assert text.strip()
     modes = whole.model_extra["adafuse_trace"]["prompt_modes"].values()  # each member's own template, where it has one
     assert any(m.startswith("chat (system") for m in modes)
     assert all(m.startswith("chat") or "no chat template" in m for m in modes)
-    chunks = list(client.chat.completions.create(model="adafuse", messages=messages, stream=True))
+    chunks = list(client.chat.completions.create(model="adafuse", messages=messages, stream=True, extra_body=short))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
 
 
@@ -255,7 +255,8 @@ def test_real_errors_are_typed(client, served):
 def test_four_concurrent_requests_each_get_their_own_answer(client, pair):
     prompts = [FEW_SHOT.format(q) for q in QUESTIONS]
     with ThreadPoolExecutor(4) as pool:
-        outs = list(pool.map(lambda p: client.completions.create(model="adafuse", prompt=p).choices[0].text, prompts))
+        outs = list(pool.map(lambda p: client.completions.create(model="adafuse", prompt=p, stop="\n").choices[0].text,
+                             prompts))
     alone = [AdaFuse(pair, DecodeConfig(**SETTINGS)).generate(p).output for p in prompts]  # one at a time
     assert outs == alone
     assert len(set(outs)) == len(outs)  # four questions, four answers
@@ -273,5 +274,5 @@ def test_a_client_leaving_mid_stream_cancels_its_decode_and_the_server_carries_o
     while "the stream closed early" not in log.read_text() or httpx.get(f"{base}/health").json()["decodes"]["running"]:
         assert time.monotonic() < deadline, f"the decode was not cancelled:\n{log.read_text()[-2000:]}"
         time.sleep(0.2)
-    again = client.completions.create(model="adafuse", prompt=FEW_SHOT.format(QUESTIONS[1]))
+    again = client.completions.create(model="adafuse", prompt=FEW_SHOT.format(QUESTIONS[1]), stop="\n")
     assert again.choices[0].text.strip()
