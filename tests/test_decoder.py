@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from adafuse import AdaFuse, ConfigError, DecodeConfig, PromptError, Trace
@@ -256,6 +256,7 @@ TEXTS = st.lists(st.sampled_from(PIECES), min_size=1, max_size=25).map("".join)
        cap=st.integers(1, 4), words=st.integers(1, 6))
 def test_round_texts_add_up_to_the_output_on_the_toy_pair(prompt, tau, cap, words):
     """The property below on the character-level toy pair, with many examples (the real-pair twin runs a few)."""
+    assume(prompt.strip())  # a blank prompt is a PromptError (test_bad_input_is_typed)
     tr = AdaFuse(toy_qa_pair(), DecodeConfig(tau=tau, max_word_tokens=cap, max_new_words=words,
                                              stop=("\n\n",))).generate(prompt)
     assert "".join(r.text for r in tr.rounds) == tr.output and tr.words <= words

@@ -23,7 +23,7 @@ from adafuse.harness.lm_eval_tasks import HERE as TASKS_DIR, load_docs, process_
 from adafuse.harness.metrics import corpus_scores
 from adafuse.harness.tasks import SAMPLE_DATA, TASKS
 from tests.serving import SERVE_KEY
-from tests.toy_tasks import ToyRegistry, toy_data, toy_qa_pair
+from tests.toy_tasks import CHARS as TOY_CHARS, ToyRegistry, toy_data, toy_qa_pair
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 MODEL_ARGS = f"models={'+'.join(DEFAULT_PAIR)},tau=0.7,max_words=3,branches=3"
@@ -133,6 +133,38 @@ def test_lm_eval_decodes_the_toy_pair_as_adafuse_eval_does(tmp_path):
     assert out["results"][task_name("nq")]["em,none"] == 0.25
 
 
+def _toy_pair_for(texts: list[str]):
+    """Character-level toy models whose vocabulary holds every character of `texts` (the sample prompts): a answers
+    " 42" then ends; b, less sure, would end at once. Their decodes of any prompt are quick and deterministic."""
+    from tests.toy import toy_model
+    vocab = sorted(set("".join(texts)) | set(TOY_CHARS)) + [" 42"]
+    a = {"": {" 42": 0.6, "<eos>": 0.3}, " 42": {"<eos>": 0.9}}
+    b = {"": {"<eos>": 0.5, " 42": 0.4}, " 42": {"<eos>": 0.9}}
+    return toy_model("a", vocab, a, max_positions=16_384), toy_model("b", vocab, b, max_positions=16_384)
+
+
+def test_every_shipped_yaml_runs_through_lm_eval_as_adafuse_eval_runs_it(tmp_path):
+    """Every task, line 1 of the sample data, through lm-eval in-process (the shipped YAMLs, their hooks, lm-eval's
+    filters and metrics) and `adafuse eval`, both decoding with a toy pair: the same prompt, output, extracted answer
+    and per-line scores (Flores is scored on the corpus by both). The real pair goes through the real lm-eval command
+    line below (TriviaQA)."""
+    prompts = [load_docs(t, data=str(SAMPLE_DATA))["test"][0]["prompt"] for t in TASKS]
+    a, b = _toy_pair_for(prompts)
+    rows = {t: read_rows(evaluate(TASKS[t], parse_methods(["adafuse"], ["a", "b"]), tmp_path / f"eval-{t}", SAMPLE_DATA,
+                                  limit=1, progress=False, registry=ToyRegistry(a, b))) for t in TASKS}
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"data": str(SAMPLE_DATA)})
+    out = simple_evaluate(model=AdaFuseLM(models=[a, b]), tasks=[task_name(t) for t in TASKS], task_manager=manager,
+                          limit=1, log_samples=True)
+    for t in TASKS:
+        (sample,), (row,) = out["samples"][task_name(t)], rows[t]
+        assert sample["doc"]["line"] == row["line"] == 1 and sample["doc"]["prompt"] == row["trace"]["prompt"], t
+        assert sample["resps"][0][0] == row["trace"]["output"], t
+        assert TASKS[t].extract(sample["filtered_resps"][0]) == row["prediction"], t
+        if TASKS[t].metric != "translation":
+            assert {k: sample[k] for k in row["scores"]} == row["scores"], t
+    assert any(r[0]["trace"]["output"] for r in rows.values())  # answers with text, not only empty ones
+
+
 # ---- models: the real lm_eval command line on the bundled pair ----
 
 @pytest.fixture(scope="module")
@@ -150,49 +182,6 @@ def test_lm_eval_model_adafuse_gives_adafuse_evals_outputs_and_exact_match(eval_
                        ["-m", "adafuse", "lm-eval"])
     assert len(samples) == LINES
     _same_as_eval(samples, eval_rows)
-
-
-class _AnswersFromEval(AdaFuseLM):
-    """The `adafuse` lm-eval model, except that a request whose prompt and decode settings are those of an `adafuse
-    eval` row answers with that row's output instead of decoding it again (the decode is deterministic: the same
-    prompt and settings give the same output, which the command-line tests above check end to end)."""
-
-    def __init__(self, models, rows: dict[str, dict], **kw):
-        super().__init__(models=models, **kw)
-        self.rows, self.asked = rows, []
-
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        out = []
-        for r in requests:
-            prompt, cfg = r.args[0], self.request_config(r.args[1], r.doc)
-            row = self.rows[prompt]  # KeyError: lm-eval asked a prompt adafuse eval never decoded
-            assert cfg.to_dict() == row["trace"]["settings"], (row["task"], cfg.to_dict(), row["trace"]["settings"])
-            self.asked.append(row["task"])
-            out.append(row["trace"]["output"])
-        return out
-
-
-@pytest.mark.models
-def test_every_shipped_yaml_runs_through_lm_eval_as_adafuse_eval_runs_it(pair, tmp_path):
-    """The other five tasks, one line each, through lm-eval in-process (the shipped YAMLs, their hooks, lm-eval's
-    filters and metrics) and `adafuse eval`: the same prompt and decode settings per request (so the same output), the
-    same extracted answer and per-line scores (Flores is scored on the corpus by both)."""
-    others = [t for t in TASKS if t != "triviaqa"]
-    rows = {t: read_rows(evaluate(TASKS[t], parse_methods(["adafuse"], list(DEFAULT_PAIR)), tmp_path / f"eval-{t}",
-                                  SAMPLE_DATA, limit=1, progress=False)) for t in others}
-    lm = _AnswersFromEval(pair, {r["trace"]["prompt"]: r for t in others for r in rows[t]},
-                          **dict(kv.split("=") for kv in MODEL_ARGS.split(",")[1:]))
-    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"data": str(SAMPLE_DATA)})
-    out = simple_evaluate(model=lm, tasks=[task_name(t) for t in others], task_manager=manager, limit=1,
-                          log_samples=True)
-    assert sorted(lm.asked) == sorted(others)  # one request per task, each one adafuse eval decoded
-    for t in others:
-        (sample,), (row,) = out["samples"][task_name(t)], rows[t]
-        assert sample["doc"]["line"] == row["line"] == 1 and sample["doc"]["prompt"] == row["trace"]["prompt"], t
-        assert sample["resps"][0][0] == row["trace"]["output"], t
-        assert TASKS[t].extract(sample["filtered_resps"][0]) == row["prediction"], t
-        if TASKS[t].metric != "translation":
-            assert {k: sample[k] for k in row["scores"]} == row["scores"], t
 
 
 @pytest.mark.models

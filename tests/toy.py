@@ -69,13 +69,19 @@ class ToyLM(torch.nn.Module):
         self.config = SimpleNamespace(max_position_embeddings=max_positions)
         self.generation_config = SimpleNamespace(eos_token_id=tok.eos_token_id)
         self.calls = 0
+        self._dists: dict[str | None, torch.Tensor] = {}
 
     def get_output_embeddings(self):
         return self.head
 
     def dist(self, text: str) -> torch.Tensor:
         keys = [k for k in self.rules if text.endswith(k)]
-        table = self.rules[max(keys, key=len)] if keys else {}
+        key = max(keys, key=len) if keys else None
+        if key not in self._dists:  # one distribution per rule (and one for no rule), computed once
+            self._dists[key] = self._table_dist(self.rules[key] if keys else {})
+        return self._dists[key]
+
+    def _table_dist(self, table: dict[str, float]) -> torch.Tensor:
         v = len(self.tok)
         probs = torch.zeros(v, dtype=torch.float64)
         for t, p in table.items():
@@ -92,8 +98,15 @@ class ToyLM(torch.nn.Module):
         keys, _ = past_key_values.update(x, x, 0)  # (N, 1, P+T, 1)
         ids = keys[:, 0, :, 0].long()  # (N, P+T)
         p = ids.shape[1] - t
-        logits = torch.stack([torch.stack([self.dist(self.tok.decode(ids[i, : p + j + 1].tolist()))
-                                           for j in range(t)]) for i in range(n)])  # (N, T, V)
+        rows = []
+        for i in range(n):
+            row = ids[i].tolist()
+            text, out = self.tok.decode(row[:p]), []
+            for j in range(t):  # the context text grows one token at a time (decode of row[: p + j + 1])
+                text += self.tok.tokens[row[p + j]]
+                out.append(self.dist(text))
+            rows.append(torch.stack(out))
+        logits = torch.stack(rows)  # (N, T, V)
         return SimpleNamespace(logits=logits.float())
 
 
