@@ -195,7 +195,7 @@ def test_a_visitor_past_the_slots_waits_in_line_with_a_measured_estimate(page):
             other.get_by_text("AdaFuse Explorer").first.wait_for()
             fresh(other, "Chat · tea tips", "cup of tea")
             other.get_by_label("Also run each model alone (greedy)").uncheck()  # the fused decodes hold the slots
-            cap_words(other, 10)
+            cap_words(other, 6)
         for p in (*others, pg):
             p.locator("#af-run").click()
         end, seen = time.time() + 120, ""

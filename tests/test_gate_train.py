@@ -12,7 +12,7 @@ def test_gate_training_learns_from_answer_rewards_and_resumes(pair, tmp_path):
     checkpoint (same example order and samples), and the gate decodes."""
     out = tmp_path / "qa.json"
     said = []
-    kw = dict(models=[m.name for m in pair], tasks=["nq"], out=out, data=SHARED, offset=101, per_task=3, seed=1,
+    kw = dict(models=[m.name for m in pair], tasks=["nq"], out=out, data=SHARED, offset=101, per_task=2, seed=1,
               save_every=1, progress=False, log=said.append)
     gate_train.train(steps=2, **kw)
     g = load_gate(out)

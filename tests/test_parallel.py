@@ -166,7 +166,7 @@ def test_parallel_models_write_the_same_trace_as_sequential(pair, case):
     cfg = {"triviaqa": DecodeConfig(stop=("\n",), max_new_words=20),
            "gsm8k": DecodeConfig(stop=("\n\nQuestion:",), max_new_words=12, branches=2),
            "mixture": DecodeConfig(stop=("\n",), method="mixture", seed=3, max_new_words=20),
-           "chat": DecodeConfig(mode="chat", max_new_words=12)}[case]
+           "chat": DecodeConfig(mode="chat", max_new_words=6)}[case]
     if case == "chat":
         prompt = "Name two rivers of Europe."
     # without speculation: its drafts differ by design (side by side, this round's spans do not exist yet when a model
