@@ -101,12 +101,13 @@ def page(server):
 @pytest.fixture(scope="session")
 def adafuse_server(tmp_path_factory):
     """`python -m adafuse serve` on the bundled pair, started once for the session's command-line tests (the openai
-    client's and lm-eval's `local-completions`): an API key, 4 decodes at once, TriviaQA's word cap as the default
-    (what lm-eval's requests decode with: it sends stop strings and a token cap, not a word cap), no default stop.
-    Yields (base URL, its log file)."""
+    client's and lm-eval's `local-completions`): an API key, 4 decodes at once, TriviaQA's word cap and stop string as
+    the defaults (what lm-eval's requests decode with: it sends TriviaQA's stop strings and a token cap, not a word
+    cap). Yields (base URL, its log file)."""
     from adafuse.harness.tasks import TASKS
     from tests.serving import SERVE_KEY, adafuse_serve
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    args = ["--api-key", SERVE_KEY, "--concurrency", "4", "--max-new-words", str(TASKS["triviaqa"].max_new_words)]
+    args = ["--api-key", SERVE_KEY, "--concurrency", "4", "--max-new-words", str(TASKS["triviaqa"].max_new_words),
+            "--stop", "\\n"]
     with adafuse_serve(args, log, {"HF_HUB_OFFLINE": "1"}) as base:
         yield base, log

@@ -193,7 +193,7 @@ def test_text_that_may_begin_a_stop_string_waits_for_the_next_round():
 
 # ---- models: a real `adafuse serve` process on the bundled pair ----
 
-# the session's server (conftest.py): its default word cap; requests here ask for the stop they need
+# the session's server's own defaults (conftest.py: --max-new-words, --stop)
 SETTINGS = {"max_new_words": TASKS["triviaqa"].max_new_words, "stop": ("\n",)}
 FEW_SHOT = "Question: What is the capital of Italy?\nAnswer: Rome\n\nQuestion: {}\nAnswer:"
 QUESTIONS = ["Who wrote Hamlet?", "What is the capital of France?", "What is the largest planet?",
@@ -255,9 +255,8 @@ def test_real_errors_are_typed(client, served):
 def test_four_concurrent_requests_each_get_their_own_answer(client, pair):
     prompts = [FEW_SHOT.format(q) for q in QUESTIONS]
     with ThreadPoolExecutor(4) as pool:
-        outs = list(pool.map(lambda p: client.completions.create(model="adafuse", prompt=p, stop="\n").choices[0].text,
-                             prompts))
-    alone = [AdaFuse(pair, DecodeConfig(**SETTINGS)).generate(p).output for p in prompts]  # one at a time
+        outs = list(pool.map(lambda p: client.completions.create(model="adafuse", prompt=p).choices[0].text, prompts))
+    alone = [AdaFuse(pair, DecodeConfig(**SETTINGS)).generate(p).output for p in prompts]  # the server's defaults
     assert outs == alone
     assert len(set(outs)) == len(outs)  # four questions, four answers
 
