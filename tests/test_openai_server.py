@@ -117,6 +117,11 @@ def test_chat_decodes_one_user_turn_after_an_optional_system_message(toy):
     ({"model": "adafuse", "prompt": [1, 2]}, 400, "prompt", "prompt"),
     ({"model": "adafuse", "prompt": "   "}, 400, "prompt", "empty"),
     ({"model": "adafuse"}, 400, "prompt", "Field required"),
+    ({"model": "adafuse", "prompt": "Q", "temperature": 5}, 400, "temperature", "less than or equal to 2"),
+    ({"model": "adafuse", "prompt": "Q", "temperature": -1}, 400, "temperature", "greater than or equal to 0"),
+    ({"model": "adafuse", "prompt": "Q", "top_p": 7}, 400, "top_p", "less than or equal to 1"),
+    ({"model": "adafuse", "prompt": "Q", "top_p": 0}, 400, "top_p", "greater than 0"),
+    ({"model": "adafuse", "prompt": "Q", "presence_penalty": 3}, 400, "presence_penalty", "less than or equal to 2"),
 ])
 def test_bad_requests_get_openai_error_objects(toy, body, status, param, says):
     _, http, _ = toy
@@ -124,6 +129,18 @@ def test_bad_requests_get_openai_error_objects(toy, body, status, param, says):
     assert r.status_code == status
     error = r.json()["error"]
     assert error["param"] == param and says in error["message"] and set(error) == {"message", "type", "param", "code"}
+
+
+def test_in_range_sampling_fields_are_accepted_and_a_body_that_is_not_json_is_said_to_be(toy):
+    _, http, _ = toy
+    ok = http.post("/v1/completions", json={"model": "adafuse", "prompt": "Q", "temperature": 0.7, "top_p": 1,
+                                             "frequency_penalty": -2})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"]
+    for body in ("1: not json", "{\"model\": \"adafuse\",", ""):
+        r = http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+        error = r.json()["error"]
+        said = "is empty" if not body else "not valid JSON"
+        assert r.status_code == 400 and said in error["message"] and error["param"] is None, error
 
 
 def test_an_unexpected_failure_is_a_500_error_object_without_its_details(toy, monkeypatch):

@@ -83,6 +83,16 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        broken = next((e for e in exc.errors() if e.get("type") == "json_invalid"), None)
+        if broken is not None:  # not JSON at all: say so, and where it broke (pydantic's loc is ("body", position))
+            where = broken.get("loc", ("body", "?"))[-1]
+            why = (broken.get("ctx") or {}).get("error", "invalid JSON")
+            message = (f"the request body is not valid JSON ({why} at character {where}): send a JSON object with "
+                       "Content-Type: application/json")
+            return JSONResponse(ApiError(400, message).body(), 400)
+        if any(tuple(e.get("loc", ())) == ("body",) and e.get("type") == "missing" for e in exc.errors()):
+            message = "the request body is empty: send a JSON object with Content-Type: application/json"
+            return JSONResponse(ApiError(400, message).body(), 400)
         errors = [(_field(e.get("loc", ())), str(e.get("msg", "invalid"))) for e in exc.errors()] or [("", "invalid")]
         param = errors[0][0]
         said = list(dict.fromkeys(msg for where, msg in errors if where == param))  # a union's tries, once each

@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import DecodeConfig
 from ..errors import ConfigError
@@ -26,8 +26,13 @@ class StreamOptions(BaseModel):
 
 class _Request(BaseModel):
     # Fields of OpenAI's API that a fused decode has no use for (temperature, top_p, seed, user, ...) are accepted and
-    # ignored: the decode is deterministic, so clients that always send them work unchanged.
+    # ignored: the decode is deterministic, so clients that always send them work unchanged. Those with a range in
+    # OpenAI's API are held to it (a 400 naming the field, as OpenAI answers), so a typo is not silently ignored.
     model_config = ConfigDict(extra="allow")
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
