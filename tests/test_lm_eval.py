@@ -23,7 +23,7 @@ from adafuse.harness.lm_eval_tasks import HERE as TASKS_DIR, load_docs, process_
 from adafuse.harness.metrics import corpus_scores
 from adafuse.harness.tasks import SAMPLE_DATA, TASKS
 from tests.serving import SERVE_KEY
-from tests.toy_tasks import CHARS as TOY_CHARS, ToyRegistry, toy_data, toy_qa_pair
+from tests.toy_tasks import ToyRegistry, toy_data, toy_pair_for, toy_qa_pair
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 MODEL_ARGS = f"models={'+'.join(DEFAULT_PAIR)},tau=0.7,max_words=3,branches=3"
@@ -133,23 +133,13 @@ def test_lm_eval_decodes_the_toy_pair_as_adafuse_eval_does(tmp_path):
     assert out["results"][task_name("nq")]["em,none"] == 0.25
 
 
-def _toy_pair_for(texts: list[str]):
-    """Character-level toy models whose vocabulary holds every character of `texts` (the sample prompts): a answers
-    " 42" then ends; b, less sure, would end at once. Their decodes of any prompt are quick and deterministic."""
-    from tests.toy import toy_model
-    vocab = sorted(set("".join(texts)) | set(TOY_CHARS)) + [" 42"]
-    a = {"": {" 42": 0.6, "<eos>": 0.3}, " 42": {"<eos>": 0.9}}
-    b = {"": {"<eos>": 0.5, " 42": 0.4}, " 42": {"<eos>": 0.9}}
-    return toy_model("a", vocab, a, max_positions=16_384), toy_model("b", vocab, b, max_positions=16_384)
-
-
 def test_every_shipped_yaml_runs_through_lm_eval_as_adafuse_eval_runs_it(tmp_path):
     """Every task, line 1 of the sample data, through lm-eval in-process (the shipped YAMLs, their hooks, lm-eval's
     filters and metrics) and `adafuse eval`, both decoding with a toy pair: the same prompt, output, extracted answer
     and per-line scores (Flores is scored on the corpus by both). The real pair goes through the real lm-eval command
     line below (TriviaQA)."""
     prompts = [load_docs(t, data=str(SAMPLE_DATA))["test"][0]["prompt"] for t in TASKS]
-    a, b = _toy_pair_for(prompts)
+    a, b = toy_pair_for(prompts)
     rows = {t: read_rows(evaluate(TASKS[t], parse_methods(["adafuse"], ["a", "b"]), tmp_path / f"eval-{t}", SAMPLE_DATA,
                                   limit=1, progress=False, registry=ToyRegistry(a, b))) for t in TASKS}
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"data": str(SAMPLE_DATA)})

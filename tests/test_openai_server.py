@@ -23,7 +23,6 @@ from tests.serving import SERVE_KEY as KEY
 from tests.toy import toy_pair
 
 
-
 # ---- unit: the app on the toy pair, in-process ----
 
 @pytest.fixture
@@ -218,14 +217,8 @@ QUESTIONS = ["Who wrote Hamlet?", "What is the capital of France?", "What is the
 
 
 @pytest.fixture(scope="module")
-def served(adafuse_server):
-    """`python -m adafuse serve` on the bundled pair with an API key (the session's: conftest.py); (base URL, log)."""
-    return adafuse_server
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=f"{served[0]}/v1", api_key=KEY, max_retries=0, timeout=300)
+def client(adafuse_server):
+    return openai.OpenAI(base_url=f"{adafuse_server[0]}/v1", api_key=KEY, max_retries=0, timeout=300)
 
 
 @pytest.mark.models
@@ -258,12 +251,12 @@ def test_real_chat_streamed_and_not_agree(client):
 
 
 @pytest.mark.models
-def test_real_errors_are_typed(client, served):
+def test_real_errors_are_typed(client, adafuse_server):
     with pytest.raises(openai.BadRequestError, match="tau=1.5 is invalid"):
         client.completions.create(model="adafuse", prompt="Question: Hi?\nAnswer:", extra_body={"adafuse": {"tau": 1.5}})
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4o", prompt="Question: Hi?\nAnswer:")
-    wrong = openai.OpenAI(base_url=f"{served[0]}/v1", api_key="wrong", max_retries=0)
+    wrong = openai.OpenAI(base_url=f"{adafuse_server[0]}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()
 
@@ -279,8 +272,8 @@ def test_four_concurrent_requests_each_get_their_own_answer(client, pair):
 
 
 @pytest.mark.models
-def test_a_client_leaving_mid_stream_cancels_its_decode_and_the_server_carries_on(client, served):
-    base, log = served
+def test_a_client_leaving_mid_stream_cancels_its_decode_and_the_server_carries_on(client, adafuse_server):
+    base, log = adafuse_server
     stream = client.completions.create(model="adafuse", prompt="Once upon a time", stream=True,
                                        extra_body={"adafuse": {"max_new_words": 200, "max_words": 1}})
     first = next(iter(stream))

@@ -78,7 +78,7 @@ class ToyLM(torch.nn.Module):
         keys = [k for k in self.rules if text.endswith(k)]
         key = max(keys, key=len) if keys else None
         if key not in self._dists:  # one distribution per rule (and one for no rule), computed once
-            self._dists[key] = self._table_dist(self.rules[key] if keys else {})
+            self._dists[key] = self._table_dist(self.rules.get(key, {}))
         return self._dists[key]
 
     def _table_dist(self, table: dict[str, float]) -> torch.Tensor:

@@ -22,6 +22,16 @@ def toy_qa_pair():
     return toy_model("a", VOCAB, a), toy_model("b", VOCAB, b)
 
 
+def toy_pair_for(texts: list[str]):
+    """Character-level toy models whose vocabulary holds every character of `texts` (e.g. a task's real prompts): a
+    answers " 42" then ends; b, less sure, would end at once. Their decodes of any such prompt are quick and
+    deterministic."""
+    vocab = sorted(set("".join(texts)) | set(CHARS)) + [" 42"]
+    a = {"": {" 42": 0.6, "<eos>": 0.3}, " 42": {"<eos>": 0.9}}
+    b = {"": {"<eos>": 0.5, " 42": 0.4}, " 42": {"<eos>": 0.9}}
+    return toy_model("a", vocab, a, max_positions=16_384), toy_model("b", vocab, b, max_positions=16_384)
+
+
 def toy_data(root: Path, golds: dict[tuple[int, int], str], lines: int = 110) -> Path:
     """root/nq/{prompt.txt, dev.jsonl}: `lines` questions, line numbers in a range (first, last) of `golds` answered
     by its city, the others "Paris". Returns root (the --data folder)."""

@@ -83,17 +83,12 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        broken = next((e for e in exc.errors() if e.get("type") == "json_invalid"), None)
-        if broken is not None:  # not JSON at all: say so, and where it broke (pydantic's loc is ("body", position))
-            where = broken.get("loc", ("body", "?"))[-1]
-            why = (broken.get("ctx") or {}).get("error", "invalid JSON")
-            message = (f"the request body is not valid JSON ({why} at character {where}): send a JSON object with "
-                       "Content-Type: application/json")
-            return JSONResponse(ApiError(400, message).body(), 400)
-        if any(tuple(e.get("loc", ())) == ("body",) and e.get("type") == "missing" for e in exc.errors()):
-            message = "the request body is empty: send a JSON object with Content-Type: application/json"
-            return JSONResponse(ApiError(400, message).body(), 400)
-        errors = [(_field(e.get("loc", ())), str(e.get("msg", "invalid"))) for e in exc.errors()] or [("", "invalid")]
+        found = exc.errors()
+        body = _body_error(found)
+        if body:
+            return JSONResponse(ApiError(400, f"{body}: send a JSON object with Content-Type: application/json").body(),
+                                400)
+        errors = [(_field(e.get("loc", ())), str(e.get("msg", "invalid"))) for e in found] or [("", "invalid")]
         param = errors[0][0]
         said = list(dict.fromkeys(msg for where, msg in errors if where == param))  # a union's tries, once each
         message = f"{param}: {' or '.join(said)}" if param else " or ".join(said)
@@ -212,6 +207,18 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
             run.cancel()
 
     return app
+
+
+def _body_error(errors) -> str:
+    """What is wrong with the request body as a whole ("" when it is a JSON object): not JSON (pydantic's loc is
+    ("body", the character where it broke)), or empty."""
+    for e in errors:
+        if e.get("type") == "json_invalid":
+            why = (e.get("ctx") or {}).get("error", "invalid JSON")
+            return f"the request body is not valid JSON ({why} at character {e.get('loc', ('body', '?'))[-1]})"
+        if tuple(e.get("loc", ())) == ("body",) and e.get("type") == "missing":
+            return "the request body is empty"
+    return ""
 
 
 def _field(loc) -> str:
