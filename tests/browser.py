@@ -1,5 +1,5 @@
-"""Helpers of the browser tests: the app started with `python app.py` on a free port, driven with Playwright and
-Debian's Chromium (the `server` and `page` fixtures live in conftest.py: one app for every browser test module)."""
+"""Helpers of the browser tests: the app started on a free port (on the toy models, `python -m tests.toy_app`, or on
+the bundled pair, `python app.py`), driven with Playwright and Debian's Chromium (the fixtures live in conftest.py)."""
 import os
 import re
 import socket
@@ -31,12 +31,12 @@ def free_port() -> int:
 TEST_SLOTS = 4  # decodes at once on the test server: four visitors decode together, a fifth waits in line
 
 
-def serve():
-    """Start the app; yields its URL, stops it after."""
+def serve(args: list[str], log_name: str):
+    """Start the app (`python ARGS`); yields its URL, stops it after. Its output goes to artifacts/LOG_NAME."""
     port = free_port()
     (ROOT / "artifacts").mkdir(exist_ok=True)
-    log = open(ROOT / "artifacts" / "app.log", "w")
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    log = open(ROOT / "artifacts" / log_name, "w")
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
                                  "ADAFUSE_DECODE_SLOTS": str(TEST_SLOTS)})
     url = f"http://127.0.0.1:{port}/"
@@ -48,27 +48,34 @@ def serve():
             time.sleep(1)
     else:
         proc.kill()
-        raise RuntimeError("the app did not start: see artifacts/app.log")
+        raise RuntimeError(f"the app did not start: see artifacts/{log_name}")
     yield url
     proc.terminate()
     proc.wait(timeout=30)
     log.close()
 
 
-def browse(server):
-    """A Chromium page on the app; yields it, closes the browser after."""
+def launch():
+    """Chromium under Playwright (one per test session: Playwright's sync API runs once per thread); yields it."""
     from playwright.sync_api import sync_playwright
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
             "--no-first-run", "--disable-sync", "--disable-quic"])
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-        pg.set_default_timeout(60_000)
-        pg.goto(server)
-        pg.get_by_text("AdaFuse Explorer").first.wait_for()
-        yield pg
+        yield browser
         browser.close()
+
+
+def browse(browser, server):
+    """A page of `browser` on the app at `server`; yields it, closes it after."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    pg.goto(server)
+    pg.get_by_text("AdaFuse Explorer").first.wait_for()
+    yield pg
+    context.close()
 
 
 def status(pg) -> str:

@@ -3,7 +3,7 @@
 Every test is in exactly one tier (pyproject.toml registers them):
   unit     toy models and hand-built traces: no real model, browser or server (`./dev test -m unit`, under a minute)
   models   the real bundled pair (SmolLM2-135M-Instruct + Gemma-3-270M) or another real model
-  browser  the app in Chromium (tests/test_app_browser.py)
+  browser  the app in Chromium: on the toy models (tests/test_app_browser.py), on the real pair (test_app_e2e.py)
   served   a model served by vLLM (tests/test_served.py)
 A module's `pytestmark` or a test's own mark names its tier; otherwise a test that asks for a fixture holding a real
 model (`pair`, directly or through another fixture) is in `models`, and every other test is in `unit`. A unit test
@@ -86,16 +86,24 @@ def hamlet(pair):
 
 @pytest.fixture(scope="session")
 def server():
-    """The app (`python app.py`) on a free port, one for every browser test module (tests/browser.py)."""
+    """The app on the toy models (`python -m tests.toy_app`) on a free port, one for every browser test of what the
+    page does (tests/browser.py)."""
     from tests.browser import serve
-    yield from serve()
+    yield from serve(["-m", "tests.toy_app"], "toy-app.log")
 
 
 @pytest.fixture(scope="session")
-def page(server):
-    """A Chromium page on the app, shared by the browser tests (each starts with `browser.fresh`)."""
+def chromium():
+    """Chromium under Playwright, one for the session's browser tests (tests/browser.py)."""
+    from tests.browser import launch
+    yield from launch()
+
+
+@pytest.fixture(scope="session")
+def page(chromium, server):
+    """A Chromium page on the toy app, shared by the browser tests (each starts with `browser.fresh`)."""
     from tests.browser import browse
-    yield from browse(server)
+    yield from browse(chromium, server)
 
 
 @pytest.fixture(scope="session")

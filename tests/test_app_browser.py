@@ -1,14 +1,17 @@
-"""Real browser: the app in Chromium (fixtures `server` and `page` in conftest.py, helpers in tests/browser.py)."""
+"""What the page does, in a real browser: the app on the toy models (tests/toy_app.py: the same app.py, registry and
+controller, decodes of about a second) in Chromium; fixtures `server` and `page` in conftest.py, helpers in
+tests/browser.py. The bundled pair's end-to-end tests are in test_app_e2e.py."""
 import json
 import re
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import (ROOT, SHOTS, cap_words, fresh, open_accordion, open_tab, pick_example, status,
-                           upload_trace, wait_status)
+from tests.browser import (ROOT, SHOTS, TEST_SLOTS, cap_words, fresh, open_accordion, open_tab, pick_example,
+                           status, upload_trace, wait_status)
 
 pytestmark = pytest.mark.browser
 
@@ -118,7 +121,7 @@ def test_run_commits_the_step_pick_first_and_a_reset_is_not_undone_by_the_run(pa
     wait_status(pg, "round 1", 200)
     pg.locator("#af-reset").click()
     wait_status(pg, "reset", 60)
-    time.sleep(8)  # the run ends its round under way meanwhile: it must not bring the old session back
+    time.sleep(2)  # the run ends its round under way meanwhile (a toy round: ~0.3 s): it must not bring it back
     assert "reset" in status(pg) and pg.locator("#af-fused .af-out .af-span").count() == 0, status(pg)
 
 
@@ -141,7 +144,7 @@ def test_cancel_stops_a_running_decode_between_rounds(page):
     pg.locator("#af-cancel").click()
     wait_status(pg, "cancelled", 60)
     spans = pg.locator("#af-fused .af-out .af-span").count()
-    time.sleep(3)  # a fixed wait for something that must not happen: no late words after the cancel
+    time.sleep(1)  # a fixed wait for something that must not happen (a toy round: ~0.3 s): no late words
     assert "cancelled" in status(pg) and "words so far are kept" in status(pg)
     assert pg.locator("#af-fused .af-out .af-span").count() == spans  # nothing more arrives
     assert "paused: Step › or ▶ Run continues from here" in pg.locator("#af-fused").inner_text()
@@ -290,7 +293,9 @@ def test_a_bad_trace_file_is_refused_and_the_session_stays(page, tmp_path):
     text = wait_status(pg, f"rounds[{r['index']}].candidates[0].fused is 1e+300, but the weighted mean", 60,
                        fail_on_error=False)
     assert pg.locator("#af-fused .af-out").inner_text() == shown
-    pg.locator("#af-step").click()  # and still works
+    pg.locator("#af-step").click()  # and still works: Step after the finished decode asks first
+    wait_status(pg, "This decode has finished", 60, fail_on_error=False)
+    pg.locator("#af-step").click()
     wait_status(pg, "round 0 decided", 200, fail_on_error=False)
 
 
@@ -417,3 +422,112 @@ def test_evaluate_tab_lists_results_and_opens_a_trace(page):
     pg.locator("#af-load-status", has_text="unloaded gemma3-270m").wait_for()
     expect(pg.locator("#af-loaded")).not_to_contain_text("gemma3-270m", timeout=30_000)
     assert "smollm2-135m-instruct" in pg.locator("#af-loaded").inner_text()
+
+
+def test_keyboard_focus_is_visible_on_sliders_checkboxes_and_radios(page):
+    pg = page
+    fresh(pg)
+    for sel in ("#af-tau input[type=range]", "#af-speculate input", "#af-exploration input", "#af-run"):
+        pg.locator(sel).first.focus()
+        pg.keyboard.press("Shift+Tab")
+        pg.keyboard.press("Tab")  # a keyboard focus (focus-visible), as a keyboard user gets it
+        style = pg.evaluate("""() => { const e = document.activeElement;
+            const own = getComputedStyle(e), label = e.closest('label') ? getComputedStyle(e.closest('label')) : null;
+            return [own.outlineStyle, own.outlineWidth, label ? label.outlineStyle : 'none']; }""")
+        assert "solid" in (style[0], style[2]), (sel, style)
+
+
+def test_a_setting_moved_during_a_run_applies_from_the_next_round_and_cancel_keeps_the_words(page):
+    pg = page
+    fresh(pg, "Chat · tea tips", "cup of tea")
+    pg.get_by_label("Also run each model alone (greedy)").uncheck()
+    cap_words(pg, 60)
+    pg.locator("#af-run").click()
+    wait_status(pg, "round 1", 200)
+    tau = pg.locator("#af-tau input[type=number]")
+    tau.fill("0.3")
+    tau.press("Tab")
+    text = wait_status(pg, "τΔ 0.7 → 0.3 from round", 200)
+    open_tab(pg, "Margins")
+    pg.locator("#af-margins svg.main-svg").first.wait_for()
+    assert "from round" in pg.locator("#af-margins").text_content()  # the change marked on the chart
+    pg.locator("#af-cancel").click()
+    text = wait_status(pg, "cancelled after round", 120)
+    kept = int(text.split("cancelled after round ")[1].split(":")[0])
+    assert "Step › or ▶ Run continues" in text
+    pg.locator("#af-step").click()
+    text = wait_status(pg, "decided", 200)
+    assert f"round {kept} decided" in text, text  # on from the kept words, not round 0
+    tau.fill("0.7")
+    tau.press("Tab")
+    pg.get_by_label("Also run each model alone (greedy)").check()
+
+
+def test_a_cold_run_says_which_model_it_is_loading(page):
+    pg = page
+    fresh(pg, "QA · author of Hamlet", "Hamlet")
+    pg.locator("#af-unload-pick input").click()
+    pg.get_by_role("option", name="gemma3-270m", exact=True).click()
+    pg.locator("#af-unload").click()
+    pg.locator("#af-load-status", has_text="unloaded gemma3-270m").wait_for()
+    pg.locator("#af-run").click()
+    seen = wait_status(pg, "loading model 2 of 2: gemma3-270m", 120)
+    assert "gemma3-270m" in seen
+    wait_status(pg, "✓ done")
+
+
+def test_only_the_public_api_is_listed(server):
+    info = json.loads(urllib.request.urlopen(server + "gradio_api/info", timeout=30).read())
+    assert sorted(info["named_endpoints"]) == ["/decode", "/models"], sorted(info["named_endpoints"])
+    assert not info.get("unnamed_endpoints"), list(info["unnamed_endpoints"])[:5]
+
+
+def test_a_visitor_past_the_slots_waits_in_line_with_a_measured_estimate(page):
+    """TEST_SLOTS decodes run at once (ADAFUSE_DECODE_SLOTS); one more visitor is told their place in line and an
+    estimate measured from the decodes the server ran, then gets their own answer."""
+    pg = page
+    fresh(pg, "QA · author of Hamlet", "Hamlet")
+    pg.locator("#af-run").click()  # one decode measured before the others queue
+    wait_status(pg, "✓ done")
+    others = [pg.context.browser.new_page(viewport={"width": 1280, "height": 800}) for _ in range(TEST_SLOTS)]
+    try:
+        for other in others:
+            other.set_default_timeout(60_000)
+            other.goto(pg.url)
+            other.get_by_text("AdaFuse Explorer").first.wait_for()
+            fresh(other, "Chat · tea tips", "cup of tea")
+            other.get_by_label("Also run each model alone (greedy)").uncheck()  # the fused decodes hold the slots
+            cap_words(other, 6)
+        for p in (*others, pg):
+            p.locator("#af-run").click()
+        end, seen = time.time() + 120, ""
+        while "waiting for a free decoding slot" not in seen:
+            assert time.time() < end, [status(p) for p in (*others, pg)]
+            seen = " ".join(status(p) for p in (*others, pg))
+            time.sleep(0.3)
+        assert "decode(s) ahead, about" in seen and "measured from the last" in seen, seen
+        for p in (*others, pg):
+            wait_status(p, "✓ done", 600)
+        assert pg.locator("#af-fused .af-out").inner_text() != others[0].locator("#af-fused .af-out").inner_text()
+    finally:
+        for other in others:
+            other.close()
+
+
+def test_a_pasted_prompt_gets_its_stop_string_before_the_run_starts(page):
+    """A prompt pasted (one input event) and run at once decodes with the stop string proposed from it, as a typed one
+    does: Run takes the proposal first."""
+    pg = page
+    pg.reload()  # a newcomer's page: the stop box untouched
+    pg.get_by_text("AdaFuse Explorer").first.wait_for()
+    pg.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    pg.evaluate("t => navigator.clipboard.writeText(t)", "Question: Who wrote Hamlet?\nAnswer:")
+    box = pg.locator("#af-prompt textarea")
+    box.fill("")
+    box.focus()
+    pg.keyboard.press("Control+V")
+    pg.locator("#af-run").click()  # at once: no time for the proposal to arrive first on its own
+    text = wait_status(pg, "✓ done")
+    assert "stop: a stop string" in text, text
+    assert pg.locator("#af-stop textarea").input_value() == "\\n"
+    assert pg.locator("#af-fused .af-out").inner_text().strip().endswith("Shakespeare.")

@@ -17,7 +17,6 @@ from adafuse import AdaFuse, DecodeConfig
 from adafuse.errors import ModelNotFoundError
 from adafuse.models import ModelRegistry, free_unused_memory
 from adafuse.models import base as base_module
-from adafuse.models import registry as registry_module
 from adafuse.models import tokenized as session_module
 from adafuse.models.idle import IdleViews
 from adafuse.models.prefixes import PrefixStore
@@ -253,12 +252,10 @@ def test_freed_heap_holes_go_back_to_the_system():
     assert all(b[0] == 1 for b in blocks)  # the blocks still in use are untouched
 
 
-def test_a_model_name_that_fails_to_load_leaves_nothing_in_the_registry(monkeypatch):
-    reg = ModelRegistry()
-
+def test_a_model_name_that_fails_to_load_leaves_nothing_in_the_registry():
     def fail(*a, **kw):
         raise ModelNotFoundError("no such model")
-    monkeypatch.setattr(registry_module, "load_model", fail)
+    reg = ModelRegistry(loader=fail)
     for i in range(5):
         with pytest.raises(ModelNotFoundError):
             reg.get(f"no-such/model-{i}", device="cpu")

@@ -6,6 +6,7 @@ whole context as the cache holds it: a wrongly cropped or re-fed cache changes t
 from __future__ import annotations
 
 import math
+import time
 from types import SimpleNamespace
 
 import torch
@@ -15,16 +16,25 @@ from adafuse.models import LocalModel
 
 
 class ToyTokenizer:
-    def __init__(self, vocab: list[str], bos: str | None = "<bos>", eos: str = "<eos>"):
+    """Max-munch over `vocab`; with `chat` (a format string holding {content}), a one-turn chat template."""
+
+    def __init__(self, vocab: list[str], bos: str | None = "<bos>", eos: str = "<eos>", chat: str | None = None):
         self.tokens = ([bos] if bos else []) + [eos] + [v for v in vocab if v not in (bos, eos)]
         self.index = {t: i for i, t in enumerate(self.tokens)}
+        self._by_first: dict[str, list[str]] = {}  # tokens by their first character, longest first
+        for t in sorted(self.tokens, key=len, reverse=True):
+            self._by_first.setdefault(t[0], []).append(t)
         self.bos_token, self.eos_token = bos, eos
         self.bos_token_id = self.index[bos] if bos else None
         self.eos_token_id = self.index[eos]
         self.specials = [t for t in (bos, eos) if t]
         self.all_special_ids = [self.index[t] for t in self.specials]
         self.added_tokens_decoder = {i: SimpleNamespace(content=self.tokens[i], special=True) for i in self.all_special_ids}
-        self.chat_template = None
+        self.chat_template = chat
+
+    def apply_chat_template(self, messages: list[dict], tokenize: bool = False, add_generation_prompt: bool = True,
+                            **_) -> str:
+        return "".join(self.chat_template.format(content=m["content"]) for m in messages)
 
     def __len__(self):
         return len(self.tokens)
@@ -32,7 +42,7 @@ class ToyTokenizer:
     def encode_text(self, text: str) -> list[int]:
         ids, i = [], 0
         while i < len(text):
-            best = max((t for t in self.tokens if text.startswith(t, i)), key=len, default=None)
+            best = next((t for t in self._by_first.get(text[i], ()) if text.startswith(t, i)), None)
             if best is None:
                 raise ValueError(f"toy tokenizer cannot encode {text[i:]!r}")
             ids.append(self.index[best])
@@ -59,12 +69,14 @@ class ToyTokenizer:
 class ToyLM(torch.nn.Module):
     """Next-token probabilities looked up by the longest rule key that ends the context text.
 
-    rules: {context suffix: {token: probability}}; leftover mass is spread evenly over the other tokens.
+    rules: {context suffix: {token: probability}}; leftover mass is spread evenly over the other tokens. `delay`:
+    seconds each forward takes (a real model's pace, for a page to watch).
     """
 
-    def __init__(self, tok: ToyTokenizer, rules: dict[str, dict[str, float]], max_positions: int = 4096):
+    def __init__(self, tok: ToyTokenizer, rules: dict[str, dict[str, float]], max_positions: int = 4096,
+                 delay: float = 0.0):
         super().__init__()
-        self.tok, self.rules = tok, rules
+        self.tok, self.rules, self.delay = tok, rules, delay
         self.head = torch.nn.Linear(1, len(tok), bias=False)
         self.config = SimpleNamespace(max_position_embeddings=max_positions)
         self.generation_config = SimpleNamespace(eos_token_id=tok.eos_token_id)
@@ -93,6 +105,8 @@ class ToyLM(torch.nn.Module):
 
     def forward(self, input_ids, past_key_values=None, use_cache=True, **_):
         self.calls += 1
+        if self.delay:
+            time.sleep(self.delay)
         n, t = input_ids.shape
         x = input_ids.double().reshape(n, 1, t, 1)  # (N, 1, T, 1): the cache stores token ids
         keys, _ = past_key_values.update(x, x, 0)  # (N, 1, P+T, 1)
@@ -110,9 +124,23 @@ class ToyLM(torch.nn.Module):
         return SimpleNamespace(logits=logits.float())
 
 
-def toy_model(name: str, vocab: list[str], rules: dict, **kw) -> LocalModel:
-    tok = ToyTokenizer(vocab)
-    return LocalModel.from_objects(name, ToyLM(tok, rules, **kw), tok)
+class EmbeddedToyLM(ToyLM):
+    """A toy LM with an input-embedding table (random, seeded): exploration by meaning has weights to read."""
+
+    def __init__(self, tok: ToyTokenizer, rules: dict[str, dict[str, float]], **kw):
+        super().__init__(tok, rules, **kw)
+        self.embed = torch.nn.Embedding(len(tok), 8, _weight=torch.randn(len(tok), 8,
+                                                                         generator=torch.Generator().manual_seed(0)))
+
+    def get_input_embeddings(self):
+        return self.embed
+
+
+def toy_model(name: str, vocab: list[str], rules: dict, chat: str | None = None, embedded: bool = False,
+              **kw) -> LocalModel:
+    """A LocalModel over a toy LM (`embedded`: with input embeddings) and its tokenizer (`chat`: with a template)."""
+    tok = ToyTokenizer(vocab, chat=chat)
+    return LocalModel.from_objects(name, (EmbeddedToyLM if embedded else ToyLM)(tok, rules, **kw), tok)
 
 
 def nll(*probs: float) -> float:

@@ -21,9 +21,13 @@ class ModelRegistry:
     """Models by (name, device, dtype, trust_remote_code), each loaded once even under concurrency. When a model does
     not fit (out of memory, or RAM/GPU memory shows it will not), the least recently used other models on its device
     are unloaded first. The registry owns its models and what they hold (their prefix stores, their measurements):
-    an app or a command line makes one; library calls without one share `default_registry()`."""
+    an app or a command line makes one; library calls without one share `default_registry()`.
 
-    def __init__(self):
+    `loader(name, device, dtype, trust_remote_code) -> LoadedModel` loads a model that is not served (default
+    `load_model`: an HF id, a folder, a .gguf file or a bundled name); an app under test swaps in its own."""
+
+    def __init__(self, loader=load_model):
+        self.loader = loader
         self._models: dict[tuple, LoadedModel] = {}
         self._locks: dict[tuple, threading.Lock] = {}   # one per key: a model loads once however many ask at once
         self._used: dict[tuple, float] = {}             # last use of each loaded model (least recently used goes first)
@@ -43,7 +47,7 @@ class ModelRegistry:
             key = (name, device, str(dtype).replace("torch.", ""), trust_remote_code)
             # the bytes it will take (None, unknown: load, and make room only if it runs out of memory)
             size = lambda: _estimate_bytes(name, dtype)  # noqa: E731
-            load = lambda: load_model(name, device, dtype, trust_remote_code)  # noqa: E731
+            load = lambda: self.loader(name, device, dtype, trust_remote_code)  # noqa: E731
         with self._guard:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:

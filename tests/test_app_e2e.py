@@ -1,17 +1,29 @@
-"""Error analysis and teaching in a real browser: from an evaluation to the round where the ensemble left a member,
-and the first steps of a newcomer (fixtures `server` and `page` in conftest.py, helpers in tests/browser.py)."""
+"""End to end on the bundled pair in a real browser (every other browser test runs the same page on the toy models):
+a newcomer's first raw prompt, error analysis from an evaluation to the round where the ensemble left a member, and
+four visitors decoding at once (fixtures `server` and `page` below, helpers in tests/browser.py)."""
 import csv
 import json
 import re
 import time
-import urllib.request
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import ROOT, SHOTS, TEST_SLOTS, cap_words, fresh, open_accordion, open_tab, status, wait_status
+from tests.browser import ROOT, SHOTS, browse, fresh, open_accordion, open_tab, serve, status, wait_status
 
 pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The app on the bundled pair (`python app.py`), for this module's tests."""
+    yield from serve(["app.py"], "app.log")
+
+
+@pytest.fixture(scope="module")
+def page(chromium, server):
+    yield from browse(chromium, server)
+
 
 WRONG_BUT_MEMBER = "ensemble wrong, a member right"
 LINES = 5  # SQuAD lines the scenario evaluates (line 3: the ensemble wrong where a member is right)
@@ -120,97 +132,6 @@ def test_a_newcomers_raw_prompt_gets_a_stop_string_and_stops_after_the_answer(pa
     pg.locator("#af-run").click()
     assert "\\q" in wait_status(pg, "Error", 60)
     stop.fill("")
-
-
-def test_keyboard_focus_is_visible_on_sliders_checkboxes_and_radios(page):
-    pg = page
-    fresh(pg)
-    for sel in ("#af-tau input[type=range]", "#af-speculate input", "#af-exploration input", "#af-run"):
-        pg.locator(sel).first.focus()
-        pg.keyboard.press("Shift+Tab")
-        pg.keyboard.press("Tab")  # a keyboard focus (focus-visible), as a keyboard user gets it
-        style = pg.evaluate("""() => { const e = document.activeElement;
-            const own = getComputedStyle(e), label = e.closest('label') ? getComputedStyle(e.closest('label')) : null;
-            return [own.outlineStyle, own.outlineWidth, label ? label.outlineStyle : 'none']; }""")
-        assert "solid" in (style[0], style[2]), (sel, style)
-
-
-def test_a_setting_moved_during_a_run_applies_from_the_next_round_and_cancel_keeps_the_words(page):
-    pg = page
-    fresh(pg, "Chat · tea tips", "cup of tea")
-    pg.get_by_label("Also run each model alone (greedy)").uncheck()
-    cap_words(pg, 60)
-    pg.locator("#af-run").click()
-    wait_status(pg, "round 1", 200)
-    tau = pg.locator("#af-tau input[type=number]")
-    tau.fill("0.3")
-    tau.press("Tab")
-    text = wait_status(pg, "τΔ 0.7 → 0.3 from round", 200)
-    open_tab(pg, "Margins")
-    pg.locator("#af-margins svg.main-svg").first.wait_for()
-    assert "from round" in pg.locator("#af-margins").text_content()  # the change marked on the chart
-    pg.locator("#af-cancel").click()
-    text = wait_status(pg, "cancelled after round", 120)
-    kept = int(text.split("cancelled after round ")[1].split(":")[0])
-    assert "Step › or ▶ Run continues" in text
-    pg.locator("#af-step").click()
-    text = wait_status(pg, "decided", 200)
-    assert f"round {kept} decided" in text, text  # on from the kept words, not round 0
-    tau.fill("0.7")
-    tau.press("Tab")
-    pg.get_by_label("Also run each model alone (greedy)").check()
-
-
-def test_a_cold_run_says_which_model_it_is_loading(page):
-    pg = page
-    fresh(pg, "QA · author of Hamlet", "Hamlet")
-    pg.locator("#af-unload-pick input").click()
-    pg.get_by_role("option", name="gemma3-270m", exact=True).click()
-    pg.locator("#af-unload").click()
-    pg.locator("#af-load-status", has_text="unloaded gemma3-270m").wait_for()
-    pg.locator("#af-run").click()
-    seen = wait_status(pg, "loading model 2 of 2: gemma3-270m", 120)
-    assert "gemma3-270m" in seen
-    wait_status(pg, "✓ done")
-
-
-def test_only_the_public_api_is_listed(server):
-    info = json.loads(urllib.request.urlopen(server + "gradio_api/info", timeout=30).read())
-    assert sorted(info["named_endpoints"]) == ["/decode", "/models"], sorted(info["named_endpoints"])
-    assert not info.get("unnamed_endpoints"), list(info["unnamed_endpoints"])[:5]
-
-
-def test_a_visitor_past_the_slots_waits_in_line_with_a_measured_estimate(page):
-    """TEST_SLOTS decodes run at once (ADAFUSE_DECODE_SLOTS); one more visitor is told their place in line and an
-    estimate measured from the decodes the server ran, then gets their own answer."""
-    pg = page
-    fresh(pg, "QA · author of Hamlet", "Hamlet")
-    pg.locator("#af-run").click()  # one decode measured before the others queue
-    wait_status(pg, "✓ done")
-    others = [pg.context.browser.new_page(viewport={"width": 1280, "height": 800}) for _ in range(TEST_SLOTS)]
-    try:
-        for other in others:
-            other.set_default_timeout(60_000)
-            other.goto(pg.url)
-            other.get_by_text("AdaFuse Explorer").first.wait_for()
-            fresh(other, "Chat · tea tips", "cup of tea")
-            other.get_by_label("Also run each model alone (greedy)").uncheck()  # the fused decodes hold the slots
-            cap_words(other, 6)
-        for p in (*others, pg):
-            p.locator("#af-run").click()
-        end, seen = time.time() + 120, ""
-        while "waiting for a free decoding slot" not in seen:
-            assert time.time() < end, [status(p) for p in (*others, pg)]
-            seen = " ".join(status(p) for p in (*others, pg))
-            time.sleep(0.3)
-        assert "decode(s) ahead, about" in seen and "measured from the last" in seen, seen
-        for p in (*others, pg):
-            wait_status(p, "✓ done", 600)
-        assert pg.locator("#af-fused .af-out").inner_text() != others[0].locator("#af-fused .af-out").inner_text()
-    finally:
-        for other in others:
-            other.close()
-
 
 FOUR = (("QA · tallest mountain", "tallest"), ("Reading · lighthouse", "lighthouse"),
         ("Translate · German → English", "Ich trinke"), ("QA · author of Hamlet", "Hamlet"))
