@@ -411,12 +411,12 @@ class Decoding:
             gate.check(self.names, config.normalize)  # again on a change: `normalize` may have changed
             self._gates[config.gate] = gate
 
-    def cancel(self) -> None:
-        """Stop between rounds; the trace keeps what was decided."""
+    def cancel(self, reason: StopReason = StopReason.CANCELLED) -> None:
+        """Stop between rounds; the trace keeps what was decided (its stop reason: `reason`)."""
         self.pending = None
         if not self.done:
             self.done = True
-            self.trace.stop_reason = StopReason.CANCELLED
+            self.trace.stop_reason = reason
             self._settle_behind()
             self._close()
 

@@ -11,6 +11,7 @@ from .config import DecodeConfig
 from .decoder import unique_names
 from .errors import ConfigError
 from .models import LoadedModel, get_model
+from .methods import METHODS
 from .report import candidate_label
 from .scoring import END_MARK, feed_from, place, read_ids, score_candidates, token_logprob
 from .trace import Candidate, Round, Trace, Unscored
@@ -130,3 +131,37 @@ def _mark_parts(tokens: list[dict], text: str, aligned: bool) -> None:
         pos = end
 
 
+# ---- why an answer is empty ----
+def why_empty(trace: Trace, weights: str = "weights") -> str:
+    """Why an answer came out empty, from its first round, as one sentence (the app shows it in the answer's place,
+    `adafuse serve` in a response's `adafuse.why_empty`): the end of the answer won before the first word, what it
+    scored against the best candidate with text, each model's probability of ending there, and (where weights enter
+    the score and a model prefers some text to ending) whose weight would change it, `weights` naming where weights
+    are set. "" when the answer is not empty or the trace says nothing of why."""
+    r = trace.rounds[0] if trace.rounds else None
+    end = r.candidates[r.chosen] if r else None
+    if end is None or not end.eos or end.text.strip():
+        return ""
+    if r.overridden:
+        return "the end of the answer was picked by hand in round 0"
+    who = ", ".join(end.proposers) or "a model"
+    if len(r.candidates) == 1:
+        return f"{who} proposed to end the answer before its first word, and nothing else was proposed"
+    if end.fused is None:
+        return f"{who} proposed to end the answer before its first word; the round was not scored"
+    texts = [c for c in r.candidates if c.text.strip() and c.fused is not None]  # answers, ending or not
+    best = min(texts, key=lambda c: c.fused) if texts else None
+    out = f"in round 0 the end of the answer scored {end.fused:.2f}"
+    out += (f", no higher than every candidate with text (best \"{candidate_label(best.text, best.eos)}\" at "
+            f"{best.fused:.2f})" if best is not None else ", and no candidate with text had a score")
+    p_end = {m: math.exp(v) for m, v in end.end_term.items() if v is not None}  # log p(the answer ends here)
+    if p_end:
+        out += "; the answer ends here with p " + ", ".join(f"{v:.2g} under {m}" for m, v in p_end.items())
+    keen = min(p_end, key=p_end.get) if len(p_end) > 1 else None
+    prefers_text = keen is not None and any(c.nll.get(keen) is not None and end.nll.get(keen) is not None
+                                            and c.nll[keen] < end.nll[keen] for c in texts)
+    if r.features:
+        out += ". The learned gate set this round's weights"
+    elif prefers_text and getattr(METHODS.get(trace.settings.get("method", "adafuse")), "weighted", False):
+        out += f". Weigh {keen} more ({weights}), or the others less, to hear its answer"
+    return out

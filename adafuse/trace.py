@@ -48,6 +48,7 @@ class StopReason(StrEnum):
     MAX_NEW_TOKENS = "max_new_tokens"
     CONTEXT_FULL = "context full"
     CANCELLED = "cancelled"
+    DEADLINE = "deadline"          # a server's time limit for one request (`adafuse serve --timeout`)
 
 
 @dataclass

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import html
-import math
 
 import pandas as pd
 
 from adafuse.harness.figures import (KIND_COLORS, KIND_NAMES, MODEL_COLORS, cost_figure, empty_figure,  # noqa: F401
                                      margins_figure, pool_figure, words_per_round_figure)
 from adafuse.methods import METHODS
+from adafuse.explain import why_empty
 from adafuse.report import candidate_label, cost_rows, round_rows
 from adafuse.selection import selection_rows
 from adafuse.trace import Round, Trace, candidate_nll
@@ -56,36 +56,9 @@ def _descriptions(tips: dict[str, str]) -> str:
 
 
 def empty_answer_note(trace: Trace) -> str:
-    """Why an answer came out empty, from its first round: the end of the answer won before the first word, what it
-    scored against the best candidate with text, each model's probability of ending there, and (where weights enter
-    the score and a model prefers some text to ending) whose weight would change it."""
-    r = trace.rounds[0] if trace.rounds else None
-    end = r.candidates[r.chosen] if r else None
-    if end is None or not end.eos or end.text.strip():
-        return "(empty)"
-    if r.overridden:
-        return "(empty: the end of the answer was picked by hand in round 0)"
-    who = ", ".join(end.proposers) or "a model"
-    if len(r.candidates) == 1:
-        return f"(empty: {who} proposed to end the answer before its first word, and nothing else was proposed)"
-    if end.fused is None:
-        return f"(empty: {who} proposed to end the answer before its first word; the round was not scored)"
-    texts = [c for c in r.candidates if c.text.strip() and c.fused is not None]  # answers, ending or not
-    best = min(texts, key=lambda c: c.fused) if texts else None
-    out = f"(empty: in round 0 the end of the answer scored {end.fused:.2f}"
-    out += (f", no higher than every candidate with text (best \"{candidate_label(best.text, best.eos)}\" at "
-            f"{best.fused:.2f})" if best is not None else ", and no candidate with text had a score")
-    p_end = {m: math.exp(v) for m, v in end.end_term.items() if v is not None}  # log p(the answer ends here)
-    if p_end:
-        out += "; the answer ends here with p " + ", ".join(f"{v:.2g} under {m}" for m, v in p_end.items())
-    keen = min(p_end, key=p_end.get) if len(p_end) > 1 else None
-    prefers_text = keen is not None and any(c.nll.get(keen) is not None and end.nll.get(keen) is not None
-                                            and c.nll[keen] < end.nll[keen] for c in texts)
-    if r.features:
-        out += ". The learned gate set this round's weights"
-    elif prefers_text and getattr(METHODS.get(trace.settings.get("method", "adafuse")), "weighted", False):
-        out += f". Weigh {keen} more (Model weights), or the others less, to hear its answer"
-    return out + ". The Pool tab shows the round.)"
+    """Why an answer came out empty, in the answer's place ("(empty)" when the library has nothing to add)."""
+    why = why_empty(trace, "Model weights")
+    return f"(empty: {why}. The Pool tab shows the round.)" if why else "(empty)"
 
 
 def why_won(trace: Trace, r: Round) -> str:

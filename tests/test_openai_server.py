@@ -4,6 +4,7 @@ leaves mid-stream."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -121,6 +122,10 @@ def test_chat_decodes_one_user_turn_after_an_optional_system_message(toy):
     ({"model": "adafuse", "prompt": "Q", "top_p": 7}, 400, "top_p", "less than or equal to 1"),
     ({"model": "adafuse", "prompt": "Q", "top_p": 0}, 400, "top_p", "greater than 0"),
     ({"model": "adafuse", "prompt": "Q", "presence_penalty": 3}, 400, "presence_penalty", "less than or equal to 2"),
+    # what one request may cost: the toy models' context (4096) caps max_tokens, --max-branches (8) the branches
+    ({"model": "adafuse", "prompt": "Q", "max_tokens": 1_000_000}, 400, "max_tokens", "over this server's limit of 4096"),
+    ({"model": "adafuse", "prompt": "Q", "adafuse": {"branches": 9}}, 400, "adafuse.branches", "limit of 8"),
+    ({"model": "adafuse", "prompt": "Q" * 200_000}, 400, "prompt", "the prompt is 200000 tokens for a"),
 ])
 def test_bad_requests_get_openai_error_objects(toy, body, status, param, says):
     _, http, _ = toy
@@ -197,6 +202,27 @@ def test_a_cancelled_run_stops_before_its_next_round_and_keeps_what_it_decided()
     trace = loop.events[-1][1]
     assert trace.stop_reason == "cancelled" and len(trace.rounds) == 1
     assert len(AdaFuse(toy_pair(), DecodeConfig(max_words=1)).generate("Q").rounds) > 1  # it had more to do
+
+
+def test_a_decode_past_the_servers_timeout_stops_before_its_next_round_and_answers_what_it_has():
+    ens = AdaFuse(toy_pair(), DecodeConfig(max_words=1))
+    with TestClient(build_app(ens, ServeSettings(timeout=1e-9))) as http:
+        out = http.post("/v1/completions?trace=1", json={"model": "adafuse", "prompt": "Q"}).json()
+    assert out["choices"][0]["finish_reason"] == "length" and out["choices"][0]["text"] == ""
+    assert out["adafuse_trace"]["stop_reason"] == "deadline" == out["adafuse"]["stop_reason"]
+    assert out["adafuse"]["why_empty"] == "the decode stopped (deadline) before its first word"
+
+
+def test_an_empty_answer_says_why_in_the_response():
+    ens = AdaFuse(toy_pair(a={"Q": {"<eos>": 0.9}}, b={"Q": {"<eos>": 0.6, " Paris": 0.3}}), DecodeConfig())
+    with TestClient(build_app(ens)) as http:
+        whole = http.post("/v1/completions", json={"model": "adafuse", "prompt": "Q"}).json()
+        lines = http.post("/v1/completions", json={"model": "adafuse", "prompt": "Q", "stream": True}).text
+    assert whole["choices"][0]["text"] == "" and whole["adafuse"]["stop_reason"] == "eos"
+    assert whole["adafuse"]["why_empty"].startswith("in round 0 the end of the answer scored")
+    assert "no higher than every candidate with text" in whole["adafuse"]["why_empty"]
+    last = json.loads(lines.split("data: ")[-2])  # the stream's last chunk says it too
+    assert last["adafuse"] == whole["adafuse"] and last["choices"][0]["finish_reason"] == "stop"
 
 
 def test_text_that_may_begin_a_stop_string_waits_for_the_next_round():
@@ -285,3 +311,15 @@ def test_a_client_leaving_mid_stream_cancels_its_decode_and_the_server_carries_o
         time.sleep(0.2)
     again = client.completions.create(model="adafuse", prompt=FEW_SHOT.format(QUESTIONS[1]), stop="\n")
     assert again.choices[0].text.strip()
+
+
+@pytest.mark.models
+def test_a_client_leaving_a_request_that_is_not_streamed_frees_its_slot(adafuse_server):
+    base, log = adafuse_server
+    long = {"model": "adafuse", "prompt": "Once upon a time", "stop": [], "adafuse": {"max_new_words": 400}}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up after 2 s and closes its connection
+        httpx.post(f"{base}/v1/completions", json=long, headers={"Authorization": f"Bearer {KEY}"}, timeout=2)
+    deadline = time.monotonic() + 30
+    while "the client left" not in log.read_text() or httpx.get(f"{base}/health").json()["decodes"]["running"]:
+        assert time.monotonic() < deadline, f"the decode went on:\n{log.read_text()[-2000:]}"
+        time.sleep(0.2)

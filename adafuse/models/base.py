@@ -6,6 +6,8 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from ..errors import PromptError
+
 # Stop-string sets whose token sets a model keeps (`stop_token_ids`; each a scan of the vocabulary to recompute): a
 # bound, since each visitor's prompt may bring its own stop strings.
 STOP_SETS_KEPT = 64
@@ -77,6 +79,12 @@ class LoadedModel(ABC):
             if offsets:
                 return self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
             return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def check_fits(self, prompt_tokens: int) -> None:
+        """Raise PromptError when a prompt of this many tokens leaves no room in the context window."""
+        if self.max_positions and prompt_tokens >= self.max_positions:
+            raise PromptError(f"the prompt is {prompt_tokens} tokens for {self.name}, whose context holds "
+                              f"{self.max_positions}: shorten it (fewer few-shot examples)")
 
     def decode(self, ids: list[int]) -> str:
         """Token ids to text byte for byte: special tokens kept, no clean-up of spaces before punctuation."""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import time
 
-from ..errors import PromptError
 from ..view import ModelView
 from ..words import word_starts
 from .base import LoadedModel
@@ -40,9 +39,7 @@ class TokenizedView(ModelView):
         self.anchor_char, self.anchor_tok = 0, 0
         self.ids = self.encode("")
         self.prompt_tokens = len(self.ids)
-        if lm.max_positions and self.prompt_tokens >= lm.max_positions:
-            raise PromptError(f"the prompt is {self.prompt_tokens} tokens for {lm.name}, whose context holds "
-                              f"{lm.max_positions}: shorten it (fewer few-shot examples)")
+        lm.check_fits(self.prompt_tokens)
         self._move_anchor()
 
     # ---- tokenization ----

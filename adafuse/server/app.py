@@ -26,6 +26,7 @@ from .responses import ApiError, Chunks, body, new_id, settled
 from .slots import DecodeSlots, Overloaded, Run
 
 log = logging.getLogger("adafuse.server")
+DISCONNECT_POLL_S = 0.5  # how often a non-streamed request checks that its client is still there
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,12 @@ class ServeSettings:
     queue: int = 32
     # gate files a request may pick by name in `adafuse.gate` ("" turns the gate off)
     gates: Mapping[str, str] = field(default_factory=dict)
+    # the most tokens a request may ask for (None: the smallest context window of the members)
+    max_tokens: int | None = None
+    # the most candidates a request may have an uncertain model explore (adafuse.branches)
+    max_branches: int = 8
+    # seconds one decode may run; then it stops before its next round, its answer cut ("length"; None: no limit)
+    timeout: float | None = 600.0
 
 
 def error_for(exc: BaseException) -> ApiError:
@@ -66,7 +73,10 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
     """The server of `ensemble` (its models and its config: the settings every request starts from)."""
     settings = settings or ServeSettings()
     slots = DecodeSlots(settings.concurrency, settings.queue)
-    limits = Limits(settings.name, len(ensemble.models), dict(settings.gates))
+    windows = [lm.max_positions for lm in ensemble.models if lm.max_positions]
+    limits = Limits(settings.name, len(ensemble.models), dict(settings.gates),
+                    max_tokens=settings.max_tokens or (min(windows) if windows else None),
+                    max_branches=settings.max_branches)
     started = int(time.time())
 
     @asynccontextmanager
@@ -135,17 +145,27 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(req: CompletionRequest, request: Request):
-        return await respond(completion_job(req, ensemble.config, limits, _trace_query(request)))
+        return await respond(completion_job(req, ensemble.config, limits, _trace_query(request)), request)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
     async def chat_completions(req: ChatRequest, request: Request):
-        return await respond(chat_job(req, ensemble.config, limits, _trace_query(request)))
+        return await respond(chat_job(req, ensemble.config, limits, _trace_query(request)), request)
 
-    async def respond(job: Job):
+    def check_fits(prompt: str) -> None:
+        """A prompt no member's context holds is refused before it waits for a slot (each tokenizer once)."""
+        for lm in ensemble.models:
+            lm.check_fits(len(lm.tokenize(prompt)))
+
+    async def respond(job: Job, request: Request):
         """Admit the decode, wait for its start (settings a member refuses, a prompt too long: still a 400), then
-        answer whole or as a stream."""
+        answer whole or as a stream. A client that leaves a non-streamed request stops its decode before the next
+        round; so does the server's --timeout."""
+        try:
+            await asyncio.to_thread(check_fits, job.prompt)
+        except PromptError as exc:
+            raise ApiError(400, str(exc), param="prompt" if not job.chat else "messages") from None
         fused = AdaFuse(ensemble.models, job.config, ensemble.parallel, ensemble.threads)
-        run = Run(lambda: fused.start(job.prompt), asyncio.get_running_loop())
+        run = Run(lambda: fused.start(job.prompt), asyncio.get_running_loop(), settings.timeout)
         try:
             slots.submit(run)
         except Overloaded as exc:
@@ -165,7 +185,13 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
                 handed_over = True  # the stream owns the run now, and cancels it when the client leaves
                 return EventSourceResponse(stream(run, value, job, rid), sep="\n")
             while kind not in ("end", "error"):
-                kind, value = await run.next()
+                try:
+                    kind, value = await asyncio.wait_for(run.next(), timeout=DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        log.info("%s: the client left; its decode stops before its next round", rid)
+                        return JSONResponse({}, 499)  # nobody reads it; the finally below cancels the decode
+                    continue
             if kind == "error":
                 raise error_for(value)
             assert isinstance(value, Trace)

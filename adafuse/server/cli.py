@@ -38,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_decode_args(p, system="chat requests without a system message get this one ('\\n' is a newline)",
                     stop="stop string of requests that send none (repeatable; '\\n' is a newline)",
                     max_new_tokens="stop after this many tokens (a request's max_tokens replaces it)")
+    p.add_argument("--max-tokens", type=int, metavar="N",
+                   help="the most tokens a request may ask for (max_tokens); more is a 400 (default: the smallest "
+                        "context window of the models)")
+    p.add_argument("--max-branches", type=int, default=8, metavar="B",
+                   help="the most candidates a request may have an uncertain model explore (adafuse.branches)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="seconds one decode may run: then it stops before its next round and answers with the words "
+                        "so far (finish_reason \"length\", adafuse stop reason \"deadline\"); 0: no limit")
     p.add_argument("--gate-dir", type=Path, metavar="DIR",
                    help="gate files requests may pick by file name without .json (adafuse.gate); --gate's too")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
@@ -71,8 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--queue {args.queue} is invalid: give 0 or more")
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is invalid: give a port from 1 to 65535")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ConfigError(f"--max-tokens {args.max_tokens} is invalid: give 1 or more")
+    if args.max_branches < 1:
+        raise ConfigError(f"--max-branches {args.max_branches} is invalid: give 1 or more")
+    if not args.timeout >= 0:
+        raise ConfigError(f"--timeout {args.timeout} is invalid: give seconds (0: no limit)")
     settings = ServeSettings(name=args.name, api_key=args.api_key or os.environ.get("ADAFUSE_API_KEY") or None,
-                             concurrency=check_concurrency(args.concurrency), queue=args.queue, gates=gates_from(args))
+                             concurrency=check_concurrency(args.concurrency), queue=args.queue, gates=gates_from(args),
+                             max_tokens=args.max_tokens, max_branches=args.max_branches, timeout=args.timeout or None)
     models = load_models(args)  # the server's models, loaded once for every request
     app = build_app(AdaFuse(models, cfg, parallel=args.parallel), settings)
     log = logging.getLogger("adafuse.server")  # the server's own lines (cancelled decodes, failures) beside uvicorn's

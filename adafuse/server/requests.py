@@ -86,6 +86,8 @@ class Limits:
     name: str                                            # the one model a request may name
     members: int                                         # how many models the ensemble has (one weight each)
     gates: Mapping[str, str] = field(default_factory=dict)  # gate files a request may name, by name
+    max_tokens: int | None = None                        # the most tokens a request may ask for (--max-tokens)
+    max_branches: int = 8                                # the most candidates a model may explore (--max-branches)
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -127,6 +129,9 @@ def _settings(req: _Request, base: DecodeConfig, limits: Limits, max_tokens: int
             raise bad(f"stop has {len(stops)} strings: give at most {MAX_STOPS}", "stop")
         changes["stop"] = tuple(stops)
     if max_tokens is not None:
+        if limits.max_tokens is not None and max_tokens > limits.max_tokens:
+            raise bad(f"max_tokens={max_tokens} is over this server's limit of {limits.max_tokens} tokens "
+                      "(adafuse serve --max-tokens): ask for fewer", "max_tokens")
         changes["max_new_tokens"] = max_tokens
     try:
         config = replace(base, **changes)
@@ -137,6 +142,9 @@ def _settings(req: _Request, base: DecodeConfig, limits: Limits, max_tokens: int
         message = str(exc) if not m or m.group(1) not in REQUEST_FIELDS else \
             REQUEST_FIELDS[m.group(1)] + str(exc)[len(m.group(1)):]
         raise bad(message, param) from exc
+    if config.branches > limits.max_branches:
+        raise bad(f"adafuse.branches={config.branches} is over this server's limit of {limits.max_branches} "
+                  "(adafuse serve --max-branches): ask for fewer", "adafuse.branches")
     if config.weights and len(config.weights) != limits.members:
         raise bad(f"adafuse.weights has {len(config.weights)} values for {limits.members} models: give one per model",
                   "adafuse.weights")

@@ -6,12 +6,13 @@ import time
 import uuid
 from typing import Sequence
 
+from ..explain import why_empty
 from ..models import LoadedModel
 from ..trace import Round, StopReason, Trace
 
 # OpenAI's finish reasons: "stop" (the answer ended) or "length" (a cap cut it)
 FINISH = {StopReason.STOP_STRING: "stop", StopReason.EOS: "stop", StopReason.NO_PROGRESS: "stop",
-          StopReason.MAX_NEW_WORDS: "length", StopReason.MAX_NEW_TOKENS: "length", StopReason.CONTEXT_FULL: "length"}
+          StopReason.MAX_NEW_WORDS: "length", StopReason.MAX_NEW_TOKENS: "length", StopReason.CONTEXT_FULL: "length", StopReason.DEADLINE: "length"}
 
 
 class ApiError(Exception):
@@ -33,6 +34,16 @@ def new_id(chat: bool) -> str:
 
 def finish_reason(trace: Trace) -> str | None:
     return FINISH.get(trace.stop_reason) if trace.stop_reason else None
+
+
+def outcome(trace: Trace) -> dict:
+    """The response's `adafuse` object: the decode's own stop reason, and for an empty answer why it is empty (the
+    app's explanation: what ended it in round 0, and whose weight to raise)."""
+    out = {"stop_reason": trace.stop_reason}
+    if not trace.output.strip():
+        out["why_empty"] = (why_empty(trace, "adafuse.weights")
+                            or f"the decode stopped ({trace.stop_reason}) before its first word")
+    return out
 
 
 def usage(trace: Trace, models: Sequence[LoadedModel]) -> dict:
@@ -114,6 +125,7 @@ def body(rid: str, model: str, chat: bool, trace: Trace, models: Sequence[Loaded
         choice["text"] = trace.output
     out = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
            "model": model, "choices": [choice], "usage": usage(trace, models)}
+    out["adafuse"] = outcome(trace)
     if with_trace:
         out["adafuse_trace"] = _trace_json(trace)
     return out
@@ -162,7 +174,7 @@ class Chunks:
         """The last chunk: what is left of the output, and why the decode stopped."""
         rest = trace.output[self.sent:]
         self.sent = len(trace.output)
-        extra = {"adafuse_trace": _trace_json(trace)} if with_trace else {}
+        extra = {"adafuse": outcome(trace), **({"adafuse_trace": _trace_json(trace)} if with_trace else {})}
         return self._chunk([self._choice(rest if rest or not self.chat else None, [], finish_reason(trace))],
                            **extra)
 

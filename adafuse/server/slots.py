@@ -11,6 +11,7 @@ from typing import Callable
 from ..decoder import Decoding
 from ..many import check_concurrency
 from ..models.batching import lean_thread
+from ..trace import StopReason
 
 
 class Overloaded(Exception):
@@ -25,10 +26,11 @@ class Run:
     """One request's decode, run by a worker thread. What happens reaches the event loop as events in `events`:
     ("started", Decoding), ("round", (Round, the output so far)) for each committed round, then ("end", Trace) or
     ("error", exception); or ("cancelled", None) alone when it was cancelled before it started. `cancel()` (a client
-    gone, the server stopping) stops the decode before its next round."""
+    gone, the server stopping) stops the decode before its next round; so does its `timeout` (seconds from its start,
+    None: none), the trace then ending with the stop reason "deadline"."""
 
-    def __init__(self, start: Callable[[], Decoding], loop: asyncio.AbstractEventLoop):
-        self.start, self.loop = start, loop
+    def __init__(self, start: Callable[[], Decoding], loop: asyncio.AbstractEventLoop, timeout: float | None = None):
+        self.start, self.loop, self.timeout = start, loop, timeout
         self.events: asyncio.Queue[tuple[str, object]] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.finished = threading.Event()
@@ -41,11 +43,15 @@ class Run:
             if self.cancelled.is_set():  # the server stopped while the request waited for a slot
                 self._send("cancelled", None)
                 return
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
             d = self.start()
             self._send("started", d)
             while not d.done:
                 if self.cancelled.is_set():
                     d.cancel()  # between rounds: the decode lets go of its models' caches and workers
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    d.cancel(StopReason.DEADLINE)
                     break
                 r = d.step()
                 self._send("round", (r, d.trace.output))  # the output as of this round: the next one changes it
