@@ -150,15 +150,20 @@ class Explorer:
     def _get(self, name: str):
         return MODELS.get(name, trust_remote_code=self.trusted)
 
-    def plan(self, names, cfg: DecodeConfig, prompt: str, device: str | None = None) -> tuple[str, str]:
+    def plan(self, names, cfg: DecodeConfig, prompt: str, device: str | None = None,
+             step: bool = False) -> tuple[str, str]:
         """What a Run or Step would do with these inputs: ("continue", changed live settings), ("new", ""), or
-        ("confirm", what changed) when it would throw away an unfinished decode; a second press confirms."""
+        ("confirm", what changed) when it would throw away an unfinished decode, ("finished", "") when a Step
+        (`step`) would start the finished decode over; a second press confirms."""
         names = model_specs(names, device)
         key = (tuple(names), cfg, prompt)
         d = self.decoding
         if self.opened and self.trace is not None and key != self.confirm_key:
             self.confirm_key = key
             return "replace", self.opened
+        if step and d is not None and d.done and d.trace.rounds and key != self.confirm_key:
+            self.confirm_key = key
+            return "finished", ""
         if d is None or d.done or not d.trace.rounds and d.pending is None or key == self.confirm_key:
             return "new", ""
         old_names, old_cfg, old_prompt = self.key
@@ -372,7 +377,7 @@ _SETTING_NAMES = {"tau": "τΔ", "max_words": "M", "branches": "B", "diversity":
 
 STOPS = {"max_new_words": "reached Max new words", "max_new_tokens": "reached Max new tokens (raise it to go on)",
          "eos": "the answer ended", "stop string": "a stop string", "context full": "a model's context window is full",
-         "no progress": "no model could add text", "cancelled": "cancelled"}
+         "no progress": "no model could add text", "cancelled": "cancelled", "deadline": "the time limit"}
 
 
 def stop_note(trace: Trace) -> str:

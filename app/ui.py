@@ -274,6 +274,9 @@ def _error(ex: Explorer, exc: BaseException):
 
 def _confirm(ex: Explorer, kind: str, what: str, button: str) -> str:
     n = len(ex.trace.rounds) if ex.trace else 0
+    if kind == "finished":  # a Step after the end: one more press starts over, on purpose
+        return (f"✓ This decode has finished ({n} rounds, {html.escape(stop_note(ex.trace))}). Press **{button}** "
+                f"again to start a new decode of the prompt box from round 0.")
     if kind == "replace":  # an opened or loaded trace is not a decode in progress: it can only be replaced
         return (f"⚠️ The views show {html.escape(what)} ({n} rounds). Press **{button}** again to decode the prompt "
                 f"box anew with the settings on the page (this trace leaves the views), or Download it first.")
@@ -366,7 +369,7 @@ def build_demo() -> gr.Blocks:
                                    label="Max new tokens (each model's tokenizer; the larger count binds)")
         mode = gr.Radio(["raw", "chat"], value="raw", label="Prompt mode", render=False)
         stop = gr.Textbox(value="", lines=2, label="Stop strings (one per line, \\n for newline)", render=False,
-                          elem_id="af-stop", info="Raw mode: proposed from the prompt as you type it (\\n after "
+                          elem_id="af-stop", info="Raw mode: proposed from the prompt as you type or paste it (\\n after "
                           "\"Answer:\", the next example's label such as \\nQuestion: when answers span lines) — "
                           "edit or clear them. Escapes: \\n \\t \\r \\\\.")
         system = gr.Textbox(value="", lines=2, label="System prompt (chat mode)", render=False, elem_id="af-system",
@@ -594,10 +597,11 @@ def build_demo() -> gr.Blocks:
                     r = d.commit(int(picked))
                     changed += f" (round {r.index}: " + ("your pick" if r.overridden else "the winner") + ")"
                 yield shown(ex, f"… decoding{changed}", export=False, loaded=True)
+                moved = ""  # the last settings moved during the Run, said on every round's line after it
                 while not d.done and not ex.cancel_requested:
                     r = d.step()
-                    moved = ex.apply_live(d)  # settings moved during the Run: from the next round on, marked
-                    moved = f" · {moved} from round {d.trace.changes[-1]['from_round']}" if moved else ""
+                    now = ex.apply_live(d)  # settings moved during the Run: from the next round on, marked
+                    moved = f" · {now} from round {d.trace.changes[-1]['from_round']}" if now else moved
                     yield shown(ex, f"… round {r.index + 1} · {count(d.trace.words, 'word')}{html.escape(moved)}",
                                 export=False)
                 if not ex.cancel_requested:
@@ -639,8 +643,8 @@ def build_demo() -> gr.Blocks:
             ticket = None
             try:
                 cfg = _settings(*s)
-                kind, what = ex.plan(names, cfg, prompt_text, dev)
-                if kind in ("confirm", "replace"):
+                kind, what = ex.plan(names, cfg, prompt_text, dev, step=True)
+                if kind in ("confirm", "replace", "finished"):
                     return (ex, *render(ex, _confirm(ex, kind, what, "Step ›")))
                 ticket = take_slot(ex, "step")
                 if ticket is None:
@@ -867,12 +871,16 @@ def build_demo() -> gr.Blocks:
             c.input(on_live, [state, *settings], None, show_progress="hidden", trigger_mode="always_last",
                     concurrency_limit=None, **hidden)
         run_btn.click(None, js=TO_ANSWER, **hidden)
-        run_evt = run_btn.click(on_run, [state, models, device, trust, prompt, compare, others, choice, *settings],
-                                [state, *outputs], show_progress="hidden",
-                                concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
-        step_evt = step_btn.click(on_step, [state, models, device, trust, prompt, choice, *settings],
-                                  [state, *outputs],
-                                  concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
+        # Run and Step first take the stop strings proposed from the prompt as it is now, however it got there (typed,
+        # pasted, restored by the browser): the decode never starts before the proposal it would have had
+        propose = dict(fn=on_prompt, inputs=[prompt, mode, stop, proposed], outputs=[stop, proposed], queue=False,
+                       show_progress="hidden", **hidden)
+        run_evt = run_btn.click(**propose).then(
+            on_run, [state, models, device, trust, prompt, compare, others, choice, *settings], [state, *outputs],
+            show_progress="hidden", concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
+        step_evt = step_btn.click(**propose).then(
+            on_step, [state, models, device, trust, prompt, choice, *settings], [state, *outputs],
+            concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
         cancel_btn.click(on_cancel, [state], [state, *outputs], **hidden)
 
         round_sel.input(on_round, [state, round_sel], [pool_plot, picks_df], show_progress="hidden",  # keys too

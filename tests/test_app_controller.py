@@ -204,3 +204,18 @@ def test_an_opened_trace_asks_before_a_run_replaces_it_and_a_moved_setting_appli
     assert ex.apply_live(d).startswith("not applied: weights has 3 values for 2 models")  # said, the run goes on
     with pytest.raises(ConfigError, match="ADAFUSE_DECODE_SLOTS='two'"):
         controller.decode_slots("two")
+
+
+def test_step_after_a_finished_decode_asks_before_starting_over():
+    from adafuse import AdaFuse, DecodeConfig
+    from tests.toy import toy_pair
+    cfg = DecodeConfig(max_new_words=6)
+    d = AdaFuse(list(toy_pair()), cfg).start("Q")
+    while not d.done:
+        d.step()
+    ex = Explorer()
+    ex.decoding, ex.trace, ex.key = d, d.trace, (("a", "b"), cfg, "Q")
+    assert ex.plan(["a", "b"], cfg, "Q", step=True) == ("finished", "")
+    assert ex.plan(["a", "b"], cfg, "Q", step=True) == ("new", "")  # pressed again: confirmed
+    ex.confirm_key = None
+    assert ex.plan(["a", "b"], cfg, "Q") == ("new", "")  # ▶ Run decodes again at once, as it always did
