@@ -121,7 +121,7 @@ def test_run_commits_the_step_pick_first_and_a_reset_is_not_undone_by_the_run(pa
     wait_status(pg, "round 1", 200)
     pg.locator("#af-reset").click()
     wait_status(pg, "reset", 60)
-    time.sleep(2)  # the run ends its round under way meanwhile (a toy round: ~0.3 s): it must not bring it back
+    time.sleep(2)  # the run ends its round under way meanwhile (a toy round: ~0.15 s): it must not bring it back
     assert "reset" in status(pg) and pg.locator("#af-fused .af-out .af-span").count() == 0, status(pg)
 
 
@@ -144,7 +144,7 @@ def test_cancel_stops_a_running_decode_between_rounds(page):
     pg.locator("#af-cancel").click()
     wait_status(pg, "cancelled", 60)
     spans = pg.locator("#af-fused .af-out .af-span").count()
-    time.sleep(1)  # a fixed wait for something that must not happen (a toy round: ~0.3 s): no late words
+    time.sleep(1)  # a fixed wait for something that must not happen (a toy round: ~0.15 s): no late words
     assert "cancelled" in status(pg) and "words so far are kept" in status(pg)
     assert pg.locator("#af-fused .af-out .af-span").count() == spans  # nothing more arrives
     assert "paused: Step › or ▶ Run continues from here" in pg.locator("#af-fused").inner_text()

@@ -22,7 +22,7 @@ from adafuse.errors import ModelNotFoundError
 from tests.toy import toy_model
 
 ROOT = Path(__file__).resolve().parents[1]
-FORWARD_SECONDS = float(os.environ.get("TOY_FORWARD_SECONDS", "0.1"))
+FORWARD_SECONDS = float(os.environ.get("TOY_FORWARD_SECONDS", "0.05"))
 LOAD_SECONDS = float(os.environ.get("TOY_LOAD_SECONDS", "1.5"))
 CHAT = "<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
 
