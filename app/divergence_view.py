@@ -63,7 +63,9 @@ def divergence_figure(rows: list[dict], model: str) -> go.Figure:
                       height=320 + 22 * len(keys), margin=dict(l=50, r=20, t=70, b=50),
                       legend=dict(orientation="h", y=-0.2), hoverlabel=dict(namelength=-1))
     fig.update_xaxes(title_text="% of rounds", row=1, col=1)
-    fig.update_xaxes(title_text="round", tickformat="d", row=1, col=2)
+    last = max((j for k in keys for j in at[k]), default=0)  # whole rounds, each tick once (never "0 0 1 1")
+    fig.update_xaxes(title_text="round", tickformat="d", tick0=0, dtick=max(1, math.ceil((last + 1) / 12)), row=1,
+                     col=2)
     fig.update_yaxes(title_text="% left", range=[0, 101], row=1, col=2)
     return fig
 

@@ -37,6 +37,7 @@ def test_the_figure_shows_why_per_method_and_where_per_round_from_the_departures
     hovers = [h for t in fig.data for h in t.hovertext]
     assert not any("<1>" in h for h in hovers) and sum(h.startswith(w + ":") for h in hovers) == 4 + 2
     assert "g's own word" in fig.layout.title.text and fig.layout.barmode == "stack"
+    assert fig.layout.xaxis2.dtick == 1 and fig.layout.xaxis2.tick0 == 0  # one tick per round, never "0 0 1 1"
 
 
 def test_the_figure_over_two_tasks_labels_each_method_with_its_task_and_is_empty_without_the_member():
