@@ -571,7 +571,7 @@ def build_demo() -> gr.Blocks:
             if ex.running:
                 yield (ex, *only_status("A decode is already running in this session: wait, or press ■ Cancel."))
                 return
-            ticket = None
+            ticket, pressed = None, time.monotonic()  # the status's clock: what the visitor waited, each part named
             try:
                 cfg = _settings(*s)
                 kind, what = ex.plan(names, cfg, prompt_text, dev)
@@ -580,6 +580,7 @@ def build_demo() -> gr.Blocks:
                     return
                 ex.running, ex.cancel_requested, ex.live_config = True, False, None
                 ticket = yield from in_line(ex, "run")
+                parts, t = {"waiting for a slot": time.monotonic() - pressed}, time.monotonic()
                 if ticket is None:
                     ex.running = False
                     yield shown(ex, "■ left the line: nothing was decoded")
@@ -589,6 +590,7 @@ def build_demo() -> gr.Blocks:
                         yield shown(ex, f"… loading model {i} of {n}: {html.escape(spec)}", export=False)
                     elif secs > 1:
                         yield shown(ex, f"… {html.escape(lm.name)} ready ({secs:.1f}s)", export=False, loaded=True)
+                parts["loading models"], t = time.monotonic() - t, time.monotonic()
                 yield shown(ex, "… reading the prompt", export=False)
                 before = ex.decoding
                 d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
@@ -604,12 +606,14 @@ def build_demo() -> gr.Blocks:
                     moved = f" · {now} from round {d.trace.changes[-1]['from_round']}" if now else moved
                     yield shown(ex, f"… round {r.index + 1} · {count(d.trace.words, 'word')}{html.escape(moved)}",
                                 export=False)
+                t = time.monotonic()
                 if not ex.cancel_requested:
                     for label in ex.run_others(names, cfg, prompt_text, other_methods, dev):
                         yield shown(ex, f"… {label} done", export=False)
                 if want_singles and not ex.cancel_requested:
                     for name in ex.run_singles(names, cfg, prompt_text, dev):
                         yield shown(ex, f"… {name} alone done", export=False)
+                parts["the comparisons"] = time.monotonic() - t
                 ex.running = False
                 if ex.cancel_requested and not d.done:  # kept unfinished: Step or Run goes on from these words
                     kept = count(d.trace.words, 'word')
@@ -622,8 +626,11 @@ def build_demo() -> gr.Blocks:
                     yield shown(ex, f"■ cancelled the comparisons; the fused decode had finished: "
                                     f"{count(d.trace.words, 'word')}, {stop_note(d.trace)}", loaded=True)
                     return
+                named = ", ".join(f"{k} {v:.1f}s" for k, v in parts.items() if v >= 0.1)
                 yield shown(ex, f"✓ done: {count(d.trace.words, 'word')} in {count(len(d.trace.rounds), 'round')} "
-                                f"({d.trace.seconds:.1f}s wall clock), {stop_note(d.trace)}", loaded=True)
+                                f"({d.trace.seconds:.1f}s wall clock of the fused decode; "
+                                f"{time.monotonic() - pressed:.1f}s in all{': ' + named if named else ''}), "
+                                f"{stop_note(d.trace)}", loaded=True)
             except Exception as exc:  # noqa: BLE001
                 ex.running = False
                 yield shown(ex, "") if ex.replaced_by else (ex, *_error(ex, exc))

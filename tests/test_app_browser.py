@@ -14,6 +14,7 @@ from tests.browser import (ROOT, SHOTS, TEST_SLOTS, cap_words, fresh, open_accor
                            status, upload_trace, wait_status)
 
 pytestmark = pytest.mark.browser
+LONG = 200  # Max new words of a decode a test cancels mid-way: a toy round is ~0.15 s, so it runs for ~15 s
 
 
 def test_run_mode_renders_every_view_and_exports(page, tmp_path):
@@ -25,8 +26,9 @@ def test_run_mode_renders_every_view_and_exports(page, tmp_path):
     pg.locator("#af-device input").click()
     pg.get_by_role("option", name="cpu", exact=True).click()
     pg.locator("#af-run").click()
-    wait_status(pg, "✓ done")
-    assert "stop: " in status(pg) and pg.locator("#af-max-tokens").count() == 1  # every cap visible, named
+    text = wait_status(pg, "✓ done")
+    assert "stop: " in text and pg.locator("#af-max-tokens").count() == 1  # every cap visible, named
+    assert "s in all: loading models " in text and "the comparisons " in text, text  # the clock is what one waited
     assert pg.locator("#af-cancel").is_disabled()  # live only while something can be cancelled
     pg.locator("#af-loaded .virtual-row").first.wait_for()
     rows = pg.locator("#af-loaded .virtual-row").all_inner_texts()
@@ -128,6 +130,7 @@ def test_run_commits_the_step_pick_first_and_a_reset_is_not_undone_by_the_run(pa
 def test_step_is_refused_while_a_run_decodes(page):
     pg = page
     fresh(pg, "Chat · tea tips", "cup of tea")
+    cap_words(pg, LONG)
     pg.locator("#af-run").click()
     wait_status(pg, "round 1", 200)
     pg.locator("#af-step").click()
@@ -139,6 +142,7 @@ def test_step_is_refused_while_a_run_decodes(page):
 def test_cancel_stops_a_running_decode_between_rounds(page):
     pg = page
     fresh(pg, "Chat · tea tips", "cup of tea")
+    cap_words(pg, LONG)
     pg.locator("#af-run").click()
     wait_status(pg, "round 2", 200)
     pg.locator("#af-cancel").click()
@@ -441,7 +445,7 @@ def test_a_setting_moved_during_a_run_applies_from_the_next_round_and_cancel_kee
     pg = page
     fresh(pg, "Chat · tea tips", "cup of tea")
     pg.get_by_label("Also run each model alone (greedy)").uncheck()
-    cap_words(pg, 60)
+    cap_words(pg, LONG)
     pg.locator("#af-run").click()
     wait_status(pg, "round 1", 200)
     tau = pg.locator("#af-tau input[type=number]")
