@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 
 from adafuse.report import candidate_label, show
-from adafuse.trace import Candidate, Round, Trace
+from adafuse.trace import Candidate, Round, Trace, candidate_nll
 
 # Class names of the tree (style them, or keep TREE_CSS): af-tree-wrap (scroll container), af-tree (rounds), af-round
 # (one round's column), af-round-head, af-pool (its candidates), af-node (a candidate; a <button> unless chosen),
@@ -39,8 +39,9 @@ TREE_CSS = """
 
 
 # ---- the decision tree ----
-def _node(r: Round, j: int, c: Candidate, models: list[str], branches: list[str]) -> str:
-    """One candidate: label, proposers, per-model NLL, fused score, and text tags (never colour alone)."""
+def _node(r: Round, j: int, c: Candidate, models: list[str], branches: list[str], normalize: str = "token") -> str:
+    """One candidate: label, proposers, per-model NLL averaged as the fused score is (`normalize`: per token or per
+    word), fused score, and text tags (never colour alone)."""
     chosen, winner = j == r.chosen, j == r.winner
     tags = []
     if chosen:
@@ -52,7 +53,8 @@ def _node(r: Round, j: int, c: Candidate, models: list[str], branches: list[str]
     tags += [f"↪ branch {b}" for b in branches]
     if not chosen:
         tags.append("branch from here")  # a button's name is its text: say what pressing it does
-    nll = " · ".join(f"{m} {c.nll[m]:.3f}" if c.nll.get(m) is not None else f"{m} —" for m in models if m in c.nll)
+    per = {m: candidate_nll(c, m, normalize) for m in models if m in c.nll}
+    nll = " · ".join(f"{m} {v:.3f}" if v is not None else f"{m} —" for m, v in per.items())
     fused = "not scored" if c.fused is None else f"fused {c.fused:.3f}"
     by = ", ".join(c.proposers) or "—"
     label = f"{j}: {candidate_label(c.text, c.eos)}"
@@ -62,7 +64,7 @@ def _node(r: Round, j: int, c: Candidate, models: list[str], branches: list[str]
         + (["af-end"] if c.eos else []) + (["af-branch-point"] if branches else [])
     body = (f'<span class="af-label">{html.escape(label)}</span>'
             f'<span class="af-meta">by {html.escape(by)}</span>'
-            + (f'<span class="af-meta">NLL {html.escape(nll)}</span>' if nll else "")
+            + (f'<span class="af-meta">NLL per {normalize} {html.escape(nll)}</span>' if nll else "")
             + f'<span class="af-meta">{html.escape(fused)}</span>'
             + "".join(f'<span class="af-tag">{html.escape(t)}</span>' for t in tags))
     attrs = f'class="{" ".join(classes)}" data-node="{r.index}:{j}"'
@@ -106,9 +108,11 @@ def tree_html(trace: Trace | None, branches: dict[str, tuple[int, int, Trace]] |
         stop = f" · stopped: {bt.stop_reason}" if bt is not None and bt.stop_reason else ""
         notes.append(f"<li><b>↪ {html.escape(name)}</b>: leaves at round {ri}, candidate {ci} "
                      f"({html.escape(candidate_label(c.text, c.eos))}) → {out}{html.escape(stop)}</li>")
+    normalize = trace.settings.get("normalize", "token")  # the model NLLs as the fused score averaged them
     cols = []
     for r in trace.rounds:
-        nodes = "".join(_node(r, j, c, trace.models, leaving.get((r.index, j), [])) for j, c in enumerate(r.candidates))
+        nodes = "".join(_node(r, j, c, trace.models, leaving.get((r.index, j), []), normalize)
+                        for j, c in enumerate(r.candidates))
         cls = "af-round af-override" if r.overridden else "af-round"
         cols.append(f'<li class="{cls}">{_round_head(r)}'
                     f'<ul class="af-pool">{nodes}</ul></li>')

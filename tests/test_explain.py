@@ -48,7 +48,18 @@ def test_tree_nodes_are_buttons_except_the_chosen_path():
     label = by["1:1"][1]["aria-label"]
     assert "proposed by" in label and "fused" in label and "aria-label" not in out.split('data-node="1:0"')[1][:40]
     assert "title=" not in out
-    assert "a 0.100 · b 0.500" in out and "fused 0.300" in out and "by a, b" in out
+    assert "NLL per token a 0.100 · b 0.500" in out and "fused 0.300" in out and "by a, b" in out
+
+
+def test_tree_shows_model_nlls_averaged_as_the_fused_score_is():
+    from dataclasses import replace
+    t = hand_trace()
+    multi = replace(t.rounds[1].candidates[0], text=" 1.", nll={"a": 1.053, "b": 2.291}, n_tokens={"a": 3, "b": 3},
+                    fused=5.016, words=1)  # per word: 3 tokens' mean NLL × 3 over one word
+    t.rounds[1].candidates[0] = multi
+    t.settings["normalize"] = "word"
+    out = tree_html(t)
+    assert "NLL per word a 3.159 · b 6.873" in out and "fused 5.016" in out  # (3.159 + 6.873) / 2 = 5.016
 
 
 def test_tree_marks_overrides_kinds_and_the_end_in_words_and_escapes():
