@@ -74,8 +74,9 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
     settings = settings or ServeSettings()
     slots = DecodeSlots(settings.concurrency, settings.queue)
     windows = [lm.max_positions for lm in ensemble.models if lm.max_positions]
+    window = min(windows) if windows else None  # the smallest context of the members (None: none says)
     limits = Limits(settings.name, len(ensemble.models), dict(settings.gates),
-                    max_tokens=settings.max_tokens or (min(windows) if windows else None),
+                    max_tokens=settings.max_tokens or window,
                     max_branches=settings.max_branches)
     started = int(time.time())
 
@@ -152,7 +153,11 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
         return await respond(chat_job(req, ensemble.config, limits, _trace_query(request)), request)
 
     def check_fits(prompt: str) -> None:
-        """A prompt no member's context holds is refused before it waits for a slot (each tokenizer once)."""
+        """A prompt no member's context holds is refused before it waits for a slot. Only a prompt that could be
+        that long is tokenized here (a token holds at least one byte of text, one more for a tokenizer's dummy
+        prefix): the decode's start tokenizes it again anyway, exactly, in its view."""
+        if window is None or len(prompt.encode()) + 1 < window:
+            return
         for lm in ensemble.models:
             lm.check_fits(len(lm.tokenize(prompt)))
 
