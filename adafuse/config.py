@@ -34,6 +34,10 @@ class DecodeConfig:
     # chat mode: a system message before the user's (the user message holds it where the template has no system
     # role); raw mode ignores it and the trace's prompt modes say so
     system: str = ""
+    # chat mode: the conversation before the prompt, as (role, text) pairs of "user" and "assistant" messages taking
+    # turns, the first a user's and the last an assistant's; the prompt is the next user message and the ensemble
+    # writes the assistant's answer to it. Each model's chat template renders the whole conversation
+    history: tuple[tuple[str, str], ...] = ()
     # chat mode: the template's `enable_thinking` switch (think first, or answer directly); None leaves the
     # template's default, and templates without the switch ignore it
     thinking: bool | None = None
@@ -97,6 +101,7 @@ class DecodeConfig:
             raise bad("mode", self.mode, f"use one of {', '.join(MODES)}")
         if not isinstance(self.system, str):
             raise bad("system", self.system, "use a string (empty: no system message)")
+        object.__setattr__(self, "history", _history(self.history, bad))
         if self.thinking is not None and not isinstance(self.thinking, bool):
             raise bad("thinking", self.thinking, "use True, False or None (the template's default)")
         if self.exploration not in EXPLORATIONS:
@@ -126,10 +131,15 @@ class DecodeConfig:
         if self.explore_top_k < self.branches:
             object.__setattr__(self, "explore_top_k", self.branches)
 
+    def view_args(self) -> tuple:
+        """How each model reads the prompt: `LoadedModel.open_view`'s arguments after it."""
+        return self.mode, self.stop, self.system, self.thinking, self.history
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["stop"] = list(self.stop)
         d["weights"] = list(self.weights)
+        d["history"] = [list(turn) for turn in self.history]
         return d
 
     @classmethod
@@ -142,3 +152,20 @@ class DecodeConfig:
             if key in known:
                 known[key] = tuple(known[key])
         return cls(**known)
+
+
+def _history(history, bad) -> tuple[tuple[str, str], ...]:
+    """`DecodeConfig.history` checked: (role, text) pairs (lists from JSON too), user and assistant taking turns from a
+    user's message to an assistant's."""
+    fix = ('use (role, text) pairs of "user" and "assistant" messages taking turns, the first a user\'s and the last '
+           'an assistant\'s (the prompt is the next user message)')
+    try:
+        turns = tuple((role, text) for role, text in history)
+    except (TypeError, ValueError):
+        raise bad("history", history, fix) from None
+    for i, (role, text) in enumerate(turns):
+        if role != ("user", "assistant")[i % 2] or not isinstance(text, str):
+            raise bad("history", history, fix)
+    if len(turns) % 2:
+        raise bad("history", history, fix)
+    return turns

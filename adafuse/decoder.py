@@ -53,8 +53,7 @@ class Decoding:
             for lm in self.models:
                 lm.expect(self.rider)
             self.sessions: list[ModelView] = self.workers.map(
-                lambda m: self.models[m].open_view(prompt, config.mode, config.stop, config.system, config.thinking),
-                range(len(self.models)))
+                lambda m: self.models[m].open_view(prompt, *config.view_args()), range(len(self.models)))
         self.trace = Trace(
             prompt=prompt, models=self.names, settings=config.to_dict(),
             prompt_modes={n: s.mode_used for n, s in zip(self.names, self.sessions)},

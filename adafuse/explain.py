@@ -54,7 +54,7 @@ def token_view(models: Sequence[LoadedModel | str], trace: Trace, round_index: i
 
 def _model_tokens(lm: LoadedModel, name: str, trace: Trace, config: DecodeConfig, r: Round, ci: int, c: Candidate,
                   top_k: int) -> dict:
-    view = lm.open_view(trace.prompt, config.mode, config.stop, config.system, config.thinking)
+    view = lm.open_view(trace.prompt, *config.view_args())
     y = ""
     for prev in trace.rounds[: r.index]:  # commit as the decoder did, so the anchored tokenization is the same
         y += prev.candidates[prev.chosen].text

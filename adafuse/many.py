@@ -14,6 +14,12 @@ T = TypeVar("T")
 # Decodes in flight by default: on a 2-core CPU with the bundled pair, examples per minute rose up to 8 and no further
 # (python -m adafuse.harness.bench --concurrency 1 2 4 8 16; README, Many decodes at once).
 DEFAULT_CONCURRENCY = 8
+# Seconds one decode may hold a slot of a shared service (`adafuse serve --timeout`, the app's decoding slots): then it
+# stops before its next round with the stop reason "deadline", keeping what it decided
+DEFAULT_DEADLINE_S = 600.0
+# The most candidates one request of a shared service may have an uncertain model explore (`adafuse serve
+# --max-branches`)
+MAX_BRANCHES = 8
 MAX_CONCURRENCY = 256
 
 

@@ -44,3 +44,12 @@ def test_exploration_settings_round_trip():
     cfg = DecodeConfig(exploration="embedding", explore_lambda=2)
     assert cfg.explore_lambda == 2.0 and isinstance(cfg.explore_lambda, float)
     assert DecodeConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_a_conversation_history_is_checked_and_round_trips():
+    c = DecodeConfig(mode="chat", history=[["user", "Q"], ["assistant", "A"]])
+    assert c.history == (("user", "Q"), ("assistant", "A"))
+    assert DecodeConfig.from_dict(c.to_dict()) == c
+    for bad in ([("assistant", "A")], [("user", "Q")], [("user", "Q"), ("user", "Q")], "user", [("user", 3), ("assistant", "A")]):
+        with pytest.raises(ConfigError, match="history=.*taking turns"):
+            DecodeConfig(history=bad)

@@ -84,7 +84,7 @@ def test_a_stream_is_the_completion_in_chunks_then_the_finish_then_the_usage(toy
     assert Trace.from_dict(chunks[-2].model_extra["adafuse_trace"]).output == whole.choices[0].text
 
 
-def test_chat_decodes_one_user_turn_after_an_optional_system_message(toy):
+def test_chat_decodes_a_user_turn_after_an_optional_system_message(toy):
     ens, _, client = toy
     expected = AdaFuse(ens.models, DecodeConfig(tau=0.7, mode="chat")).generate("Q").output
     out = client.chat.completions.create(model="adafuse", messages=[{"role": "system", "content": "Be brief."},
@@ -98,10 +98,31 @@ def test_chat_decodes_one_user_turn_after_an_optional_system_message(toy):
     assert stream[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in stream) == expected
     assert stream[-1].choices[0].finish_reason == "stop"
-    with pytest.raises(openai.BadRequestError, match="one user message"):
-        client.chat.completions.create(model="adafuse", messages=[{"role": "user", "content": "Q"},
-                                                                  {"role": "assistant", "content": " Paris"},
-                                                                  {"role": "user", "content": "Q"}])
+
+
+def test_chat_continues_a_conversation_of_several_turns(toy):
+    """A chat client sends the whole conversation: each member's template renders it, the ensemble writes the next
+    assistant message — the library's decode of the last user message after that history."""
+    from tests.toy import A_RULES, B_RULES, V, toy_model
+    chat = [toy_model(n, V, rules, chat="{content}") for n, rules in (("a", A_RULES), ("b", B_RULES))]
+    turns = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": " Paris is nice."},
+             {"role": "user", "content": "Q"}]
+    history = (("user", "Q"), ("assistant", " Paris is nice."))
+    expected = AdaFuse(chat, DecodeConfig(tau=0.7, mode="chat", history=history)).generate("Q")
+    assert expected.prompt_modes == {"a": "chat (2 earlier messages)", "b": "chat (2 earlier messages)"}
+    with TestClient(build_app(AdaFuse(chat, DecodeConfig(tau=0.7)), ServeSettings(api_key=KEY))) as http:
+        http.headers["Authorization"] = f"Bearer {KEY}"
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key=KEY, http_client=http, max_retries=0)
+        out = client.chat.completions.create(model="adafuse", messages=turns, extra_query={"trace": "true"})
+    assert out.choices[0].message.content == expected.output
+    assert out.model_extra["adafuse_trace"]["settings"]["history"] == [list(t) for t in history]
+    assert out.model_extra["adafuse_trace"]["prompt"] == "Q"
+    _, _, client = toy
+    for bad in ([{"role": "user", "content": "Q"}, {"role": "user", "content": "Q"}],
+                [{"role": "user", "content": "Q"}, {"role": "assistant", "content": " Paris"}],
+                [{"role": "assistant", "content": " Paris"}, {"role": "user", "content": "Q"}]):
+        with pytest.raises(openai.BadRequestError, match="taking turns, ending with the user's"):
+            client.chat.completions.create(model="adafuse", messages=bad)
 
 
 @pytest.mark.parametrize("body, status, param, says", [
@@ -274,6 +295,19 @@ def test_real_chat_streamed_and_not_agree(client):
     assert all(m.startswith("chat") or "no chat template" in m for m in modes)
     chunks = list(client.chat.completions.create(model="adafuse", messages=messages, stream=True, extra_body=short))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+
+
+@pytest.mark.models
+def test_real_chat_continues_a_conversation(client):
+    """The whole conversation reaches each member's chat template (SmolLM2's own; Gemma's own or a transcript)."""
+    messages = [{"role": "user", "content": "What is the capital of France?"},
+                {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Italy?"}]
+    out = client.chat.completions.create(model="adafuse", messages=messages, extra_query={"trace": "1"},
+                                         extra_body={"adafuse": {"max_new_words": 4}})
+    trace = out.model_extra["adafuse_trace"]
+    assert trace["prompt"] == "And of Italy?" and len(trace["settings"]["history"]) == 2
+    assert trace["prompt_modes"]["smollm2-135m-instruct"] == "chat (2 earlier messages)"
+    assert all("earlier messages" in m or "transcript" in m for m in trace["prompt_modes"].values())
 
 
 @pytest.mark.models

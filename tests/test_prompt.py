@@ -57,3 +57,23 @@ def test_the_thinking_switch_reaches_templates_that_have_it(smol):
     # a template without the switch is rendered as without the setting, and the mode says so
     assert render_prompt(smol, "Hi", "chat", thinking=False) == (render_prompt(smol, "Hi", "chat")[0],
                                                                  "chat (no thinking switch)")
+
+
+def test_a_conversation_is_rendered_by_the_template_before_the_next_user_message(smol):
+    history = (("user", "What is 2+2?"), ("assistant", "4"))
+    text, mode = render_prompt(smol, "And 3+3?", "chat", system="Be brief.", history=history)
+    assert mode == "chat (system, 2 earlier messages)"
+    marks = ["<|im_start|>system\nBe brief.", "<|im_start|>user\nWhat is 2+2?", "<|im_start|>assistant\n4",
+             "<|im_start|>user\nAnd 3+3?"]
+    assert [text.index(m) for m in marks] == sorted(text.index(m) for m in marks)
+    assert text.endswith("<|im_start|>assistant\n")
+    # without a system role the first user message carries the system prompt
+    lm = _with_template(smol, NO_SYSTEM_TEMPLATE)
+    text, mode = render_prompt(lm, "And 3+3?", "chat", system="Be brief.", history=history)
+    assert text == "<|user|>Be brief.\n\nWhat is 2+2?\n<|assistant|>4\n<|user|>And 3+3?\n<|assistant|>"
+    # no template: a plain transcript; raw mode: the prompt alone, saying the conversation was ignored
+    plain = _with_template(smol, None)
+    assert render_prompt(plain, "And 3+3?", "chat", history=history) == (
+        "User: What is 2+2?\nAssistant: 4\nUser: And 3+3?\nAssistant:",
+        "raw (no chat template; conversation as a transcript)")
+    assert render_prompt(smol, "Q", "raw", history=history) == ("Q", "raw (conversation ignored)")

@@ -61,8 +61,9 @@ class LoadedModel(ABC):
 
     @abstractmethod
     def open_view(self, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
-                  thinking: bool | None = None):
-        """This model's `ModelView` of one decode of `prompt` (rendered in `mode`: "raw" or "chat")."""
+                  thinking: bool | None = None, history: tuple = ()):
+        """This model's `ModelView` of one decode of `prompt` (rendered in `mode`: "raw" or "chat"; in chat mode after
+        the conversation `history`, `DecodeConfig.history`)."""
 
     def expect(self, rider) -> None:
         """A decode (its `Rider`, models/batching.py) starts using this model: models that gather many decodes'

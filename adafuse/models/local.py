@@ -78,8 +78,8 @@ class LocalModel(LoadedModel):
         return self.model.get_output_embeddings().weight.shape[0]
 
     def open_view(self, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
-                  thinking: bool | None = None) -> LocalSession:
-        return LocalSession(self, prompt, mode, stop, system, thinking)
+                  thinking: bool | None = None, history: tuple = ()) -> LocalSession:
+        return LocalSession(self, prompt, mode, stop, system, thinking, history)
 
     @classmethod
     def from_objects(cls, name: str, model, tokenizer, add_bos: bool | None = None,

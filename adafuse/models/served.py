@@ -123,8 +123,8 @@ class ServedModel(LoadedModel):
         return f"{self.name} served at {self.url} (model {self.served!r}), connected in {self.load_seconds:.1f}s"
 
     def open_view(self, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
-                  thinking: bool | None = None) -> "ServedSession":
-        return ServedSession(self, prompt, mode, stop, system, thinking)
+                  thinking: bool | None = None, history: tuple = ()) -> "ServedSession":
+        return ServedSession(self, prompt, mode, stop, system, thinking, history)
 
     def ask(self, contexts: list[list[int]], wanted: list[list[int] | None], view: "ServedSession | None" = None,
             ahead: int = 1) -> list[torch.Tensor]:
@@ -250,8 +250,8 @@ class ServedSession(TokenizedView):
     `next_logprobs` and `end_logprobs` hold the server's top-k (the rest -inf)."""
 
     def __init__(self, lm: ServedModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
-                 thinking: bool | None = None):
-        super().__init__(lm, prompt, mode, stop, system, thinking)
+                 thinking: bool | None = None, history: tuple = ()):
+        super().__init__(lm, prompt, mode, stop, system, thinking, history)
         self.cached = 0  # prompt tokens the server reported from its prefix cache
         self.spec: list[int] = []
         self.ahead: dict[tuple[int, ...], torch.Tensor] = {}  # distributions along greedy continuations fetched

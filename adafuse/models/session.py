@@ -87,8 +87,8 @@ class LocalSession(TokenizedView):
     """
 
     def __init__(self, lm: LoadedModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
-                 thinking: bool | None = None):
-        super().__init__(lm, prompt, mode, stop, system, thinking)
+                 thinking: bool | None = None, history: tuple = ()):
+        super().__init__(lm, prompt, mode, stop, system, thinking, history)
         self.released = False  # `release` let go of the cache: nothing may run on it any more
         self.parked = False    # `park` let go of the cache: the next call rebuilds it
         self._lock = threading.RLock()

@@ -22,13 +22,13 @@ class TokenizedView(ModelView):
     """
 
     def __init__(self, lm: LoadedModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
-                 thinking: bool | None = None):
+                 thinking: bool | None = None, history: tuple = ()):
         super().__init__()
         self.lm = lm
         self.name = lm.name
         # the end of the answer: the model's end tokens and every token that starts a stop string
         self.end_ids, self.banned_ids = lm.end_ids | lm.stop_token_ids(stop), lm.banned_ids
-        self.prefix_text, self.mode_used = render_prompt(lm, prompt, mode, system, thinking)
+        self.prefix_text, self.mode_used = render_prompt(lm, prompt, mode, system, thinking, history)
         self.text = ""
         self.forward_passes = 0
         self.tokens_fed = 0

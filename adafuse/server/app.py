@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from ..decoder import Decoding
 from ..ensemble import AdaFuse
 from ..errors import AdafuseError, ConfigError, PromptError, ServerError
-from ..many import DEFAULT_CONCURRENCY
+from ..many import DEFAULT_CONCURRENCY, DEFAULT_DEADLINE_S, MAX_BRANCHES
 from ..trace import Trace
 from .requests import ChatRequest, CompletionRequest, Job, Limits, chat_job, completion_job
 from .responses import ApiError, Chunks, body, new_id, settled
@@ -44,9 +44,9 @@ class ServeSettings:
     # the most tokens a request may ask for (None: the smallest context window of the members)
     max_tokens: int | None = None
     # the most candidates a request may have an uncertain model explore (adafuse.branches)
-    max_branches: int = 8
+    max_branches: int = MAX_BRANCHES
     # seconds one decode may run; then it stops before its next round, its answer cut ("length"; None: no limit)
-    timeout: float | None = 600.0
+    timeout: float | None = DEFAULT_DEADLINE_S
 
 
 def error_for(exc: BaseException) -> ApiError:
@@ -166,7 +166,7 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
         answer whole or as a stream. A client that leaves a non-streamed request stops its decode before the next
         round; so does the server's --timeout."""
         try:
-            await asyncio.to_thread(check_fits, job.prompt)
+            await asyncio.to_thread(check_fits, "\n".join([*(text for _, text in job.config.history), job.prompt]))
         except PromptError as exc:
             raise ApiError(400, str(exc), param="prompt" if not job.chat else "messages") from None
         fused = AdaFuse(ensemble.models, job.config, ensemble.parallel, ensemble.threads)

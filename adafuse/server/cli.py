@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..cli import add_decode_args, decode_config, load_models
 from ..errors import AdafuseError, ConfigError
-from ..many import DEFAULT_CONCURRENCY, check_concurrency
+from ..many import DEFAULT_CONCURRENCY, DEFAULT_DEADLINE_S, MAX_BRANCHES, check_concurrency
 from ..models import BUNDLED, DEFAULT_PAIR
 
 EXTRA = "adafuse serve needs the serve extra: pip install 'adafuse-explorer[serve]' (FastAPI, uvicorn, sse-starlette)"
@@ -41,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, metavar="N",
                    help="the most tokens a request may ask for (max_tokens); more is a 400 (default: the smallest "
                         "context window of the models)")
-    p.add_argument("--max-branches", type=int, default=8, metavar="B",
+    p.add_argument("--max-branches", type=int, default=MAX_BRANCHES, metavar="B",
                    help="the most candidates a request may have an uncertain model explore (adafuse.branches)")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=float, default=DEFAULT_DEADLINE_S, metavar="SECONDS",
                    help="seconds one decode may run: then it stops before its next round and answers with the words "
                         "so far (finish_reason \"length\", adafuse stop reason \"deadline\"); 0: no limit")
     p.add_argument("--gate-dir", type=Path, metavar="DIR",

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import DecodeConfig
 from ..errors import ConfigError
+from ..many import MAX_BRANCHES
 from ..methods import METHODS
 from .responses import ApiError
 
@@ -87,7 +88,7 @@ class Limits:
     members: int                                         # how many models the ensemble has (one weight each)
     gates: Mapping[str, str] = field(default_factory=dict)  # gate files a request may name, by name
     max_tokens: int | None = None                        # the most tokens a request may ask for (--max-tokens)
-    max_branches: int = 8                                # the most candidates a model may explore (--max-branches)
+    max_branches: int = MAX_BRANCHES                     # the most candidates a model may explore (--max-branches)
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -189,35 +190,36 @@ def _text(m: Message, at: int) -> str:
     return "".join(p.text or "" for p in m.content)
 
 
-def chat_prompt(messages: list[Message]) -> tuple[str, str | None]:
-    """The user's message and the system message (None: the server's) of a chat request. Each member renders them
-    with its own chat template (chat mode), which takes one user turn after an optional system message."""
+def chat_prompt(messages: list[Message]) -> tuple[str, str | None, tuple[tuple[str, str], ...]]:
+    """The last user message, the system message (None: the server's) and the conversation before the last user
+    message of a chat request. Each member renders them with its own chat template (chat mode): the ensemble writes
+    the next assistant message."""
     system = None
     rest = list(enumerate(messages))
     if rest and rest[0][1].role in ("system", "developer"):
         system = _text(rest[0][1], 0)
         rest = rest[1:]
-    if len(rest) != 1 or rest[0][1].role != "user":
-        roles = ", ".join(m.role for m in messages) or "none"
-        raise bad(f"messages are {roles}: this server decodes one user message, after an optional system message "
-                  "(each member's chat template renders that one turn); send the conversation so far inside the one "
-                  "user message", "messages")
-    at, user = rest[0]
+    roles = [m.role for _, m in rest]
+    if not rest or roles != [("user", "assistant")[i % 2] for i in range(len(rest))] or roles[-1] != "user":
+        shown = ", ".join(m.role for m in messages) or "none"
+        raise bad(f"messages are {shown}: send an optional system message, then user and assistant messages taking "
+                  "turns, ending with the user's (the ensemble writes the next assistant message)", "messages")
+    at, user = rest[-1]
     text = _text(user, at)
     if not text.strip():
-        raise bad("the user message is empty: send some text", f"messages.{at}.content")
-    return text, system
+        raise bad("the last user message is empty: send some text", f"messages.{at}.content")
+    return text, system, tuple((m.role, _text(m, i)) for i, m in rest[:-1])
 
 
 def chat_job(req: ChatRequest, base: DecodeConfig, limits: Limits, trace_query: bool = False) -> Job:
     """A /v1/chat/completions request as a decode in chat mode (each member's own chat template)."""
     _common(req, limits)
-    prompt, system = chat_prompt(req.messages)
+    prompt, system, history = chat_prompt(req.messages)
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
         raise bad(f"top_logprobs={req.top_logprobs} is invalid: use 0 to 20", "top_logprobs")
     if req.top_logprobs is not None and not req.logprobs:
         raise bad("top_logprobs needs logprobs=true", "top_logprobs")
-    chat_base = replace(base, mode="chat", system=base.system if system is None else system)
+    chat_base = replace(base, mode="chat", system=base.system if system is None else system, history=history)
     cap = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     config, want_trace = _settings(req, chat_base, limits, cap)
     return Job(prompt, config, chat=True, stream=req.stream,
