@@ -15,8 +15,9 @@ from adafuse.replay import branch_from
 from adafuse.explain import token_view
 from adafuse.report import candidate_label
 from adafuse.errors import AdafuseError, ConfigError
+from adafuse.trace import StopReason
 from adafuse.harness.evaluate import parse_methods
-from adafuse.many import DEFAULT_CONCURRENCY
+from adafuse.many import DEFAULT_CONCURRENCY, DEFAULT_DEADLINE_S
 from adafuse.methods import METHODS, method_specs
 from adafuse.models import ModelRegistry, is_served_spec, parse_spec
 
@@ -133,6 +134,7 @@ class Explorer:
     confirm_key: tuple | None = None   # a change that would discard the decode in progress, awaiting a second press
     trust_remote_code: bool = False    # the page's "Trust remote code" switch: models whose repo ships Python may run it
     replaced_by: "Explorer | None" = None  # Reset made a fresh session: a run still ending here must show that one
+    deadline: float | None = None      # time.monotonic() by which the decodes holding a slot stop (`hold_slot`)
 
     @property
     def pending(self):
@@ -247,9 +249,21 @@ class Explorer:
         self.key = (self.key[0], cfg, self.key[2])
         return ", ".join(f"{_SETTING_NAMES.get(k, k)} {old[k]} → {v}" for k, v in changed.items())
 
+    def hold_slot(self, seconds: float = DEFAULT_DEADLINE_S) -> None:
+        """This visitor took a decoding slot: its decodes may hold it `seconds` (the server's --timeout default), then
+        each stops before its next round (`past_deadline`)."""
+        self.deadline = time.monotonic() + seconds
+
+    def past_deadline(self, d: Decoding) -> bool:
+        """The slot's time is up: `d` stops here, keeping what it decided, its stop reason "deadline"."""
+        if self.deadline is None or time.monotonic() <= self.deadline:
+            return False
+        d.cancel(StopReason.DEADLINE)
+        return True
+
     def _finish(self, d: Decoding) -> Trace | None:
-        """Run `d` to its end unless Cancel is pressed (then None)."""
-        while not d.done:
+        """Run `d` to its end (or the slot's deadline) unless Cancel is pressed (then None)."""
+        while not d.done and not self.past_deadline(d):
             if self.cancel_requested:
                 d.cancel()
                 return None
@@ -300,7 +314,7 @@ class Explorer:
         self.branches[label] = (r, c, d.trace)
         self.others[label] = d.trace
         yield label, d
-        while not d.done:
+        while not d.done and not self.past_deadline(d):
             if self.cancel_requested:
                 d.cancel()
                 break

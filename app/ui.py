@@ -242,7 +242,8 @@ def render(ex: Explorer, status: str = "", selected: int | None = None, export: 
         plots.rounds_frame(t),
         plots.cost_frame(t, ex.singles),
         plots.cost_figure(t, ex.singles),
-        gr.update(maximum=max(1, n - 1), value=max(0, selected), interactive=n > 1),
+        # a decode of one round has nothing to pick: no slider over a single value (the pool's title names the round)
+        gr.update(maximum=max(1, n - 1), value=max(0, selected), interactive=n > 1, visible=n > 1),
         gr.update(choices=choices, value=pending.winner if pending is not None else None,
                   interactive=bool(choices)),
         status,
@@ -321,6 +322,7 @@ def in_line(ex: Explorer, kind: str):
     except GeneratorExit:
         SLOTS.release(ticket)
         raise
+    ex.hold_slot()
     return ticket
 
 
@@ -353,11 +355,16 @@ def build_demo() -> gr.Blocks:
                              info="Place a model by typing `MODEL@cuda:1`, `MODEL@cpu` or `MODEL@auto,bfloat16` "
                                   "(auto: spread over every GPU; dtype float32, bfloat16 or float16); a model on a "
                                   "vLLM server: `vllm:http://HOST:PORT/v1#SERVED-NAME`.")
-        tau = gr.Slider(0, 1, value=0.7, step=0.05, label="τΔ: commit when Δ ≥ τΔ", render=False, elem_id="af-tau")
-        max_words = gr.Slider(1, 5, value=3, step=1, label="M: most words per confident round", render=False)
-        branches = gr.Slider(1, 8, value=3, step=1, label="B: candidates when unsure", render=False)
-        diversity = gr.Checkbox(True, label="Diverse exploration (off = beam search)", render=False)
-        exploration = gr.Radio(["surface", "embedding"], value="surface", render=False, elem_id="af-exploration",
+        tau = gr.Slider(0, 1, value=DecodeConfig.tau, step=0.05, label="τΔ: commit when Δ ≥ τΔ", render=False,
+                        elem_id="af-tau")
+        max_words = gr.Slider(1, 5, value=DecodeConfig.max_words, step=1, label="M: most words per confident round",
+                              render=False, elem_id="af-m")
+        branches = gr.Slider(1, 8, value=DecodeConfig.branches, step=1, label="B: candidates when unsure",
+                             render=False, elem_id="af-b")
+        diversity = gr.Checkbox(DecodeConfig.diversity, label="Diverse exploration (off = beam search)", render=False,
+                                elem_id="af-diversity")
+        exploration = gr.Radio(["surface", "embedding"], value=DecodeConfig.exploration, render=False,
+                               elem_id="af-exploration",
                                label="Diverse in spelling (surface) or in meaning (embedding)",
                                info="embedding: each next first token maximizes log p − λ·(similarity of its input "
                                     "embedding to the tokens already picked)")
@@ -381,7 +388,9 @@ def build_demo() -> gr.Blocks:
         with gr.Row():
             with gr.Column(scale=2, min_width=320, elem_id="af-main"):  # first: on a phone the prompt comes first
                 prompt = gr.Textbox(lines=5, label="Prompt", elem_id="af-prompt",
-                                    placeholder="Type a prompt or pick an example below")
+                                    placeholder="Type a prompt or pick an example below. Small models answer "
+                                                "better after one worked example: \"Question: What is the capital "
+                                                "of Italy?\nAnswer: Rome\n\nQuestion: Who wrote Hamlet?\nAnswer:\"")
                 with gr.Row():
                     run_btn = gr.Button("▶ Run", variant="primary", elem_id="af-run")
                     step_btn = gr.Button("Step ›", elem_id="af-step")
@@ -459,12 +468,14 @@ def build_demo() -> gr.Blocks:
                     weights = [gr.Slider(0, 5, value=1, step=0.25, label=f"Weight of {n}" if i < len(DEFAULT_PAIR)
                                          else "Weight", visible=i < len(DEFAULT_PAIR), elem_id=f"af-weight-{i}")
                                for i, n in enumerate(list(DEFAULT_PAIR) + [""] * (MAX_MODELS - len(DEFAULT_PAIR)))]
-                    normalize = gr.Radio(list(NORMALIZE), value="per word", elem_id="af-normalize",
+                    normalize = gr.Radio(list(NORMALIZE), elem_id="af-normalize",
+                                         value=next(k for k, v in NORMALIZE.items() if v == DecodeConfig.normalize),
                                          label="Each model's NLL of a candidate, averaged",
-                                         info="Per word here by default: per token (the paper; the CLI's default) "
-                                              "lets a word with a near-certain tail (\" 1.\": an unsure \" 1\", a sure "
-                                              "\".\") beat a likelier word; per word counts a word's whole NLL (the "
-                                              "end of the answer is one word).")
+                                         info="Per token by default, as everywhere (the paper's rule; measured the "
+                                              "better default: docs/defaults.md). Per token a word with a near-certain "
+                                              "tail (\" 1.\": an unsure \" 1\", a sure \".\") can beat a likelier "
+                                              "word; per word counts a word's whole NLL, the end of the answer one "
+                                              "word, so ending early wins more often.")
                     gate = gr.Dropdown(gate_choices(), value="", label="Learned gate (per-round weights)",
                                        info="Weights each round from what the models show (margin, entropy, "
                                             "confidence, own NLL, position); replaces the sliders. Trained for "
@@ -600,7 +611,7 @@ def build_demo() -> gr.Blocks:
                     changed += f" (round {r.index}: " + ("your pick" if r.overridden else "the winner") + ")"
                 yield shown(ex, f"… decoding{changed}", export=False, loaded=True)
                 moved = ""  # the last settings moved during the Run, said on every round's line after it
-                while not d.done and not ex.cancel_requested:
+                while not d.done and not ex.cancel_requested and not ex.past_deadline(d):
                     r = d.step()
                     now = ex.apply_live(d)  # settings moved during the Run: from the next round on, marked
                     moved = f" · {now} from round {d.trace.changes[-1]['from_round']}" if now else moved

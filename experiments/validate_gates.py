@@ -121,22 +121,31 @@ def decode(subs: list[dict], tasks: list[str], lines: tuple[int, int], per_task:
            work: Path = WORK, store: Path = STORE, progress: bool = True, registry=None) -> None:
     """Decode every subject on its tasks with equal weights and each model alone beside it, task by task (all methods
     of a line before the next line, so a stopped run leaves whole lines)."""
-    from adafuse.harness.evaluate import evaluate, parse_methods
-    from adafuse.models import DEFAULT_PAIR, ModelRegistry
     models = {tuple(s["models"]) for s in subs if s.get("models")}
     if len(models) > 1:
         raise SystemExit(f"the gates are for different models ({models}): validate them separately (--only)")
-    pair = list(next(iter(models))) if models else list(DEFAULT_PAIR)
-    registry = registry or ModelRegistry()
     for task in tasks:
         specs = list(dict.fromkeys(s["spec"] for s in subs if task in s["tasks"]))
-        if not specs:
-            continue
+        if specs:
+            decode_methods([EQUAL, "greedy", *specs], [task], lines, per_task, data, work, store, progress, registry,
+                           pair=list(next(iter(models))) if models else None)
+
+
+def decode_methods(specs: list[str], tasks: list[str], lines: tuple[int, int], per_task: int | None = None,
+                   data: Path = DEFAULT_DATA, work: Path = WORK, store: Path = STORE, progress: bool = True,
+                   registry=None, pair: list[str] | None = None, concurrency: int = 1) -> None:
+    """Decode the eval method `specs` on `tasks` (lines `lines`) into the validation rows, resuming from them and
+    packing them again after each task."""
+    from adafuse.harness.evaluate import evaluate, parse_methods
+    from adafuse.models import DEFAULT_PAIR, ModelRegistry
+    registry = registry or ModelRegistry()
+    runs = parse_methods(specs, list(pair or DEFAULT_PAIR))
+    for task in tasks:
         unpack(task, work, store)
-        runs = parse_methods([EQUAL, "greedy", *specs], pair)
         print(f"{task}: lines {format_lines(lines)}" + (f", the first {per_task}" if per_task else "") + ": "
               + ", ".join(r.label for r in runs), file=sys.stderr, flush=True)
-        evaluate(TASKS[task], runs, work, data, per_task, progress=progress, registry=registry, lines=lines)
+        evaluate(TASKS[task], runs, work, data, per_task, progress=progress, registry=registry, lines=lines,
+                 concurrency=concurrency)
         pack(task, work, store)
 
 

@@ -219,3 +219,23 @@ def test_step_after_a_finished_decode_asks_before_starting_over():
     assert ex.plan(["a", "b"], cfg, "Q", step=True) == ("new", "")  # pressed again: confirmed
     ex.confirm_key = None
     assert ex.plan(["a", "b"], cfg, "Q") == ("new", "")  # ▶ Run decodes again at once, as it always did
+
+
+def test_a_slots_decodes_stop_at_the_servers_deadline(monkeypatch):
+    """A visitor's decodes hold a slot at most the server's --timeout default (adafuse.many.DEFAULT_DEADLINE_S):
+    then each stops before its next round, keeping its words, its stop reason "deadline" (said as "the time limit")."""
+    from adafuse import AdaFuse, DecodeConfig
+    from adafuse.many import DEFAULT_DEADLINE_S
+    from tests.toy import toy_pair
+    ex = Explorer()
+    clock = [1000.0]
+    monkeypatch.setattr(controller.time, "monotonic", lambda: clock[0])
+    ex.hold_slot()
+    assert ex.deadline == 1000.0 + DEFAULT_DEADLINE_S
+    d = AdaFuse(list(toy_pair()), DecodeConfig(max_words=1, max_new_words=6)).start("Q")
+    d.step()
+    assert not d.done
+    clock[0] += DEFAULT_DEADLINE_S + 1
+    trace = ex._finish(d)
+    assert trace.stop_reason == "deadline" and len(trace.rounds) == 1 and trace.output
+    assert "the time limit" in controller.stop_note(trace)

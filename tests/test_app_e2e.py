@@ -85,7 +85,8 @@ def test_scenario_from_an_evaluation_to_the_round_where_the_ensemble_left_a_memb
     prompt = pg.locator("#af-prompt textarea").input_value()
     assert prompt.endswith("Answer:\n") and "Question:" in prompt  # the decode's own prompt, restored
     assert pg.locator("#af-pool").is_visible()  # the Pool tab is open at that round
-    assert pg.locator("#af-round input[type=range]").input_value() == str(r)
+    slider = pg.locator("#af-round input[type=range]")  # shown where the decode has more than one round
+    assert slider.input_value() == str(r) if slider.is_visible() else r == 0
     assert f"round {r}" in pg.locator("#af-pool .gtitle").text_content().lower()
     cols = pg.locator("#af-compare").inner_text()
     assert "gemma3-270m alone" in cols and "smollm2-135m-instruct alone" in cols  # the members' own answers
@@ -100,14 +101,17 @@ def test_scenario_from_an_evaluation_to_the_round_where_the_ensemble_left_a_memb
 
 
 def test_a_newcomers_raw_prompt_gets_a_stop_string_and_stops_after_the_answer(page):
+    """A newcomer types the prompt the box suggests (one worked example, then the question) at every default (the
+    library's, per token): the stop string is proposed, the answer is the name, and it stops there."""
     pg = page
     pg.reload()  # a newcomer's page: every setting at its default, nothing left by the tests before
     pg.get_by_text("AdaFuse Explorer").first.wait_for()
     open_accordion(pg, "Model weights in the fused score", "#af-normalize")
-    assert pg.get_by_label("per word", exact=True).is_checked()  # the app's default (why: the radio's info text)
+    assert pg.get_by_label("per token (paper)", exact=True).is_checked()  # the default everywhere (docs/defaults.md)
     box = pg.locator("#af-prompt textarea")
+    assert "Who wrote Hamlet?" in box.get_attribute("placeholder")
     box.fill("")
-    box.type("Question: Who wrote Hamlet?\nAnswer:")
+    box.type("Question: What is the capital of Italy?\nAnswer: Rome\n\nQuestion: Who wrote Hamlet?\nAnswer:")
     stop = pg.locator("#af-stop textarea")
     expect(stop).to_have_value("\\n", timeout=20_000)  # the answer goes on the line of "Answer:": it ends with it
     pg.set_viewport_size({"width": 1280, "height": 800})
@@ -124,7 +128,7 @@ def test_a_newcomers_raw_prompt_gets_a_stop_string_and_stops_after_the_answer(pa
         assert f"· {seconds}s" in pg.locator("#af-compare .af-col").first.inner_text()
         pg.locator("#af-fused .af-span").first.focus()
         tip = pg.evaluate("() => document.activeElement.dataset.tip || ''")
-        assert "beat runner-up “" in tip and "fused NLL" in tip and "NLL per word" in tip, tip  # why it won
+        assert "beat runner-up “" in tip and "fused NLL" in tip and "NLL per token" in tip, tip  # why it won
         pg.screenshot(path=str(SHOTS / "newcomer-1280x800.png"))
     finally:
         pg.set_viewport_size({"width": 1400, "height": 1000})
@@ -185,3 +189,10 @@ def test_four_visitors_running_at_once_each_get_the_answer_they_get_alone(page):
         for p in pages[1:]:
             p.close()
         pg.get_by_label("Also run each model alone (greedy)").check()
+
+
+def test_the_readmes_script_example_gets_the_apps_answer(server):
+    """README.md's gradio_client example (`runs: app`), as written but for the app's address."""
+    from tests.readme import examples, run_python
+    for ex in (e for e in examples() if e.group == "app"):
+        run_python(ex, {"http://127.0.0.1:7860/": server if server.endswith("/") else server + "/"})

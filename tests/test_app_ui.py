@@ -61,3 +61,20 @@ def test_the_gate_menu_says_what_each_gates_validation_found(tmp_path, monkeypat
     (tmp_path / "qa.json").write_text(json.dumps(raw))
     qa = dict((path, label) for label, path in ui.gate_choices())[str(tmp_path / "qa.json")]
     assert qa.startswith("qa: a + b") and qa.endswith("helps: +4.0 F1 vs equal weights on 50 unseen SQuAD lines")
+
+
+def test_the_round_slider_shows_only_where_there_is_a_round_to_pick():
+    """A decode of one round has nothing to pick: the Pool's round slider is hidden rather than a 0..1 range."""
+    from adafuse import AdaFuse, DecodeConfig
+    from app.controller import Explorer
+    from app.ui import render
+    from tests.toy import toy_pair
+
+    def slider(cfg):
+        ex = Explorer()
+        ex.trace = AdaFuse(list(toy_pair()), cfg).generate("Q")
+        return len(ex.trace.rounds), render(ex)[8]
+    one, update = slider(DecodeConfig(max_words=5))
+    assert one == 1 and update["visible"] is False
+    many, update = slider(DecodeConfig(max_words=1))
+    assert many > 1 and update["visible"] is True and update["maximum"] == many - 1

@@ -113,3 +113,32 @@ def test_the_readme_and_the_shipped_gate_files_say_the_same_validated_numbers():
         v = json.loads(path.read_text())["validated"]
         assert f"`assets/gates/{path.name}` — {v['summary']}." in readme, path.name
         assert v["summary"].startswith("helps" if v["helps"] else "experimental")
+
+
+def test_the_default_averaging_is_chosen_by_quality_then_by_broken_answers():
+    """experiments/validate_normalize.py on hand-built rows: per task and pooled, per word − per token on the lines both
+    decoded, the empty and run-on answers of each, and the rule that picks the default."""
+    from experiments import validate_normalize as vn
+
+    def rows(task, method, scores, outputs, reasons):
+        return [{"task": task, "method": method, "line": 51 + i, "scores": {"em": s}, "prediction": o,
+                 "trace": {"stop_reason": r}} for i, (s, o, r) in enumerate(zip(scores, outputs, reasons))]
+    token = rows("nq", vn.TOKEN, [1.0, 0.0, 0.0], ["a", "b", "1. 2."], ["eos", "eos", "max_new_words"])
+    word = rows("nq", vn.WORD, [1.0, 0.0, 1.0, 1.0], ["a", "", "c", "d"], ["eos", "eos", "eos", "eos"])
+    r = vn.numbers(token + word)
+    nq = r["tasks"]["nq"]
+    assert (nq["n"], nq["token"], nq["word"]) == (3, {"score": 33.33, "empty": 0, "run_on": 1},
+                                                  {"score": 66.67, "empty": 1, "run_on": 0})
+    assert nq["word_minus_token"]["wins"] == 1 and r["pooled"]["broken"]["token"] == {"empty": 0, "run_on": 1}
+    r["pooled"]["word_minus_token"].update(low=-1.0, high=50.0)  # the interval holds 0: broken answers decide
+    r["zero_shot"] = {"token": {"empty": 0, "run_on": 3}, "word": {"empty": 1, "run_on": 0}}
+    assert vn.choose(r) == "word"
+    r["zero_shot"]["word"]["empty"] = 9
+    assert vn.choose(r) == "token"
+    r["pooled"]["word_minus_token"].update(mean=-5.0, low=-9.0, high=-1.0)  # quality decides where it can
+    r["zero_shot"]["word"]["empty"] = 0
+    assert vn.choose(r) == "token"
+    zero = vn.zero_shot_numbers([
+        {"task": "nq", "line": 51, "normalize": "token", "output": " The 18 years", "gold": ["18"], "stop_reason": "eos"},
+        {"task": "nq", "line": 51, "normalize": "word", "output": "", "gold": ["18"], "stop_reason": "eos"}])
+    assert zero["token"]["holds_gold"] == 1 and zero["word"]["empty"] == 1

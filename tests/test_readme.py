@@ -1,0 +1,83 @@
+"""README.md's examples run as written (tests/readme.py): the library's and the command line's on the bundled pair, the
+server's against `adafuse serve` started as the README starts it (a free port instead of 8000/8931); the app's runs in
+tests/test_app_e2e.py against the app on the bundled pair. Each checks what its comments quote."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.readme import Example, commands, examples, run_bash, run_python
+
+GROUPS = {"library", "serve", "app"}  # the groups some test runs (this module, and test_app_e2e.py for "app")
+
+
+def _group(name: str) -> list[Example]:
+    found = [e for e in examples() if e.group == name]
+    assert found, f"README.md has no example marked `runs: {name}`"
+    return found
+
+
+@pytest.mark.unit
+def test_every_example_says_whether_it_runs_and_a_test_runs_its_group():
+    found = examples()
+    assert len(found) >= 10
+    assert {e.group for e in found if e.group} == GROUPS
+    assert all(e.why for e in found if e.group is None)
+    with pytest.raises(AssertionError, match="README.md:3: a python block needs"):
+        examples("text\n\n```python\nprint(1)\n```\n")
+
+
+@pytest.mark.unit
+def test_the_runner_catches_a_claim_that_is_not_printed():
+    good = Example(1, "python", 'x = " Paris"\nprint(x, 2)   # " Paris" and more\n', "t")
+    assert run_python(good) == {2: " Paris 2\n"}
+    with pytest.raises(AssertionError, match=r"printed ' London\\n', the comment claims ' Paris'"):
+        run_python(Example(1, "python", 'print(" London")   # " Paris"\n', "t"))
+    bash = Example(1, "bash", "echo '{\"a\": {\"text\": \" Paris.\", \"lp\": [-0.9981, -1.6]}}'\n"
+                              "# \"text\": \" Paris.\", \"lp\": [-0.998, -1.6]\n", "t")
+    assert commands(bash)[0][1] == ['"text": " Paris.", "lp": [-0.998, -1.6]']
+    run_bash(bash)
+    with pytest.raises(AssertionError, match='printed no "text": " Rome."'):
+        run_bash(Example(1, "bash", "echo '{\"text\": \" Paris.\"}'\n# \"text\": \" Rome.\"\n", "t"))
+    split = Example(1, "bash", "curl -s x -d '{\"a\": 1,\n  \"b\": 2}' \\\n  -H y\n", "t")
+    assert commands(split) == [("curl -s x -d '{\"a\": 1,\n\"b\": 2}' -H y", [])]
+
+
+@pytest.mark.models
+def test_the_library_and_command_line_examples_print_what_they_claim(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # they write trace.json and t.json
+    for ex in _group("library"):
+        run_python(ex) if ex.lang == "python" else run_bash(ex)
+    assert (tmp_path / "trace.json").exists() and (tmp_path / "t.json").exists()
+
+
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory):
+    """`python -m adafuse serve` with no settings: what a developer starting it from the README gets."""
+    from tests.serving import adafuse_serve
+    with adafuse_serve([], tmp_path_factory.mktemp("readme-serve") / "server.log", {"HF_HUB_OFFLINE": "1"}) as base:
+        yield base
+
+
+@pytest.mark.models
+def test_the_server_examples_print_what_they_claim(plain_server):
+    for ex in _group("serve"):
+        replace = {"http://127.0.0.1:8931": plain_server}
+        run_python(ex, replace) if ex.lang == "python" else run_bash(ex, replace)
+
+
+@pytest.mark.models
+def test_the_servers_defaults_answer_as_the_library_and_the_app_do(plain_server, pair):
+    """A first request with none of the ensemble's settings decodes as the library's defaults do (the app's page starts
+    from the same: tests/test_defaults.py): per token, a bare question about Hamlet runs into a list, and with one
+    worked example first it is answered (docs/defaults.md: why per token is the default all the same)."""
+    from adafuse import AdaFuse, DecodeConfig
+    bare = "Question: Who wrote Hamlet?\nAnswer:"
+    for prompt, first_line in ((bare, " 1. 2."), ("Question: What is the capital of Italy?\nAnswer: Rome\n\n" + bare,
+                                                    "Shakespeare")):
+        r = httpx.post(f"{plain_server}/v1/completions", timeout=300,
+                       json={"model": "adafuse", "prompt": prompt, "max_tokens": 12})
+        assert r.status_code == 200, r.text
+        text = r.json()["choices"][0]["text"]
+        assert text == AdaFuse(pair, DecodeConfig(max_new_tokens=12)).generate(prompt).output
+        assert first_line in text.split("\n")[0], text
