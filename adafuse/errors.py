@@ -33,5 +33,9 @@ class ServerError(AdafuseError, RuntimeError):
     """A model served by an inference engine is down, too slow, or lacks a feature the decoder needs."""
 
 
+class ForwardError(AdafuseError, RuntimeError):
+    """A forward this decode shared with others failed, and this decode's cache could not be put back as it was."""
+
+
 class ReplayError(AdafuseError, RuntimeError):
     """Replaying a trace's rounds did not reproduce them (other models or versions, a nondeterministic device)."""

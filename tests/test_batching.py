@@ -11,7 +11,7 @@ from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, Llam
 
 from adafuse import AdaFuse, ConfigError, DecodeConfig
 from adafuse.many import run_many
-from adafuse.models import batching
+from adafuse.models import batching, packed
 from adafuse.models.batching import Batcher, Request, Rider, packed_forward
 from tests.toy import toy_pair
 
@@ -37,11 +37,13 @@ def prefilled(model, ids: list[int]) -> DynamicCache:
     return cache
 
 
+@pytest.mark.parametrize("attention", ["one", "rows", "loop", "auto"])
 @pytest.mark.parametrize("kind", ["llama", "gemma-sliding"])
-def test_a_packed_forward_gives_each_request_its_own_forwards_numbers(kind):
+def test_a_packed_forward_gives_each_request_its_own_forwards_numbers(kind, attention):
     """Requests with their own caches (of different lengths, past the sliding window of 4), single rows or several
     rows, fed one or several tokens, in one packed forward: each gets the log-probs its own forward gives, and its
-    cache holds what its own forward would have left."""
+    cache holds what its own forward would have left — with one attention call per layer over all of them, with a
+    call per request (the reference), and with the cheaper of the two chosen per layer."""
     model = tiny(kind)
     alone_model = copy.deepcopy(model)  # transformers' own attention, never switched
     assert batching.use_packed_attention(model)
@@ -60,8 +62,14 @@ def test_a_packed_forward_gives_each_request_its_own_forwards_numbers(kind):
         if past:
             cache.batch_repeat_interleave(len(rows))
         reqs.append(Request(rows, cache, keep))
+    calls = []
+    hook = model.model.layers[0].self_attn.register_forward_hook(
+        lambda *_: calls.append(packed._PACKING.run[1].calls))
     with torch.inference_mode():
-        outs = packed_forward(model, reqs)
+        outs = packed_forward(model, reqs, attention)
+    hook.remove()
+    if attention != "auto":  # after the first layer: one call, one per length of what the rows feed, one per request
+        assert calls == [{"one": 1, "rows": len({len(r.rows[0]) for r in reqs}), "loop": len(reqs)}[attention]]
     for out, want, r, alone_cache in zip(outs, expected, reqs, caches_alone):
         assert out.shape == want.shape
         assert torch.allclose(out, want, atol=1e-5), (out - want).abs().max()
@@ -167,3 +175,18 @@ def test_many_decodes_give_the_traces_each_gives_alone():
                                                                       for t in alone]
     with pytest.raises(Exception, match="prompt is empty"):
         AdaFuse(pair, cfg).generate_many(["Q", " "], concurrency=2)
+
+
+def test_auto_attention_runs_the_loop_on_a_cpu_and_single_calls_where_launches_cost_more():
+    """`auto`: a call per request on a CPU (measured the fastest there, results/bench/attention_e2e.txt); on an
+    accelerator one call over the rows where padding wastes little, else the loop."""
+    from adafuse.models.packed import _cheapest, _Segment
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+
+    def case(*specs):  # (rows, fed tokens, keys) per request
+        segs = [_Segment(None, 0, rows, length, keys - length) for rows, length, keys in specs]
+        return segs, [(torch.empty(rows, 1, keys, 1), None) for rows, _, keys in specs]
+    alike = case((1, 1, 300), (3, 1, 280), (1, 1, 310))
+    assert _cheapest(*alike, cpu) == "loop" and _cheapest(*alike, gpu) == "rows"
+    assert _cheapest(*case((1, 1, 2000), *[(1, 1, 20)] * 5), gpu) == "loop"  # padding 5.7x, the dense layout 6x
+    assert _cheapest(*case((1, 1, 300), (1, 64, 64)), gpu) == "loop"  # no two feed as many tokens

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.packed import ATTENTION_MODES
 from ..config import DecodeConfig
 from ..costs import SPEC_COUNTERS
 from ..ensemble import AdaFuse, greedy
@@ -131,10 +132,15 @@ def main(argv=None) -> int:
     p.add_argument("--speculate", action=argparse.BooleanOptionalAction, default=DecodeConfig.speculate,
                    help="with --concurrency: speculative proposals on or off (the library's default: on; compare "
                         "--no-speculate, same prompts)")
+    p.add_argument("--attention", choices=ATTENTION_MODES, default="auto",
+                   help="with --concurrency: how a packed forward's attention runs (models/packed.py; default auto)")
     args = p.parse_args(argv)
     if args.remote:
         return remote_bench(args)
     models = [get_model(m) for m in args.models]
+    for lm in models:
+        if hasattr(lm, "batcher"):
+            lm.batcher.attention = args.attention
     if args.concurrency:
         from ..many import check_concurrency
         from .bench_many import concurrency_bench

@@ -15,8 +15,11 @@ is whatever is waiting, not a lock-step group. A request alone runs at once, in 
 code (so one decode computes the same numbers alone as in company, up to the last bits of the shared layers).
 
 Caps (`max_rows`, `max_tokens`) bound one forward: requests past them wait for the next one (back-pressure; a request
-larger than the caps runs alone). A batch that fails is retried request by request, so one decode's error (a prompt too
-long for the memory) never reaches the others.
+larger than the caps runs alone). A forward that fails (out of memory, a bad row) may have written some layers' keys
+and values into the requests' caches: every cache is put back as it was before that forward (`packed.restore`), then
+the requests are retried one by one, so one decode's error never reaches the others (a cache that cannot be put back
+fails its request with `ForwardError` instead of going on from a corrupted one). A request whose waiting thread is
+interrupted leaves the queue.
 
 The riders, the batchers' queues and their states share one condition (`_GATE`): a rider that starts waiting at one
 model may be what another model's batcher is waiting for.
@@ -34,7 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .packed import PACKED, _device, packed_forward, use_packed_attention  # noqa: F401  (PACKED: re-exported)
+from ..errors import ForwardError
+from .packed import PACKED, _device, cache_state, packed_forward, restore, use_packed_attention  # noqa: F401
 
 # Longest a request waits for decodes still working before its batch starts anyway.
 GATHER_SECONDS = 0.05
@@ -132,8 +136,10 @@ class Request:
 class Batcher:
     """The forwards of one local model: `forward` queues a request and returns when a forward has run it."""
 
-    def __init__(self, model: torch.nn.Module, max_rows: int = MAX_ROWS, max_tokens: int = MAX_TOKENS):
+    def __init__(self, model: torch.nn.Module, max_rows: int = MAX_ROWS, max_tokens: int = MAX_TOKENS,
+                 attention: str = "auto"):
         self.model = model
+        self.attention = attention  # packed.ATTENTION_MODES: how a packed forward's attention runs
         self.max_rows, self.max_tokens = max_rows, max_tokens
         self.packed = use_packed_attention(model)  # False: a model that cannot pack runs its requests one by one
         self.queue: list[Request] = []
@@ -179,10 +185,12 @@ class Batcher:
                             r.done = True
                         _GATE.notify_all()
         finally:
-            if req.rider is not None:
-                with _GATE:
+            with _GATE:
+                if not req.done and req in self.queue:  # the waiting thread was interrupted: no forward runs it now
+                    self.queue.remove(req)
+                if req.rider is not None:
                     req.rider.waiting -= 1
-                    _GATE.notify_all()
+                _GATE.notify_all()
         if req.error is not None:
             raise req.error
         return req
@@ -217,16 +225,26 @@ class Batcher:
 
     # ---- running (outside _GATE) ----
     def _run(self, batch: list[Request]) -> None:
+        states = [cache_state(r.cache) for r in batch]
         try:
             self._forward(batch)
         except BaseException as exc:  # noqa: BLE001 - each request gets its own answer below
+            for r, state in zip(batch, states):  # as before the forward: no layer holds part of it
+                if state is not None:
+                    restore(r.cache, state)
             if len(batch) == 1:
                 batch[0].error = exc
                 return
-            for r in batch:  # one request's trouble (memory, a bad row) must not fail the others
+            for r, state in zip(batch, states):  # one request's trouble (memory, a bad row) must not fail the others
+                if state is None:
+                    r.error = ForwardError(f"a forward shared with other decodes failed ({type(exc).__name__}: "
+                                           f"{exc}) and this decode's cache cannot be restored (it is written in "
+                                           "place): start the decode again")
+                    continue
                 try:
                     self._forward([r])
                 except BaseException as one:  # noqa: BLE001 - raised in that request's own thread
+                    restore(r.cache, state)
                     r.error = one
 
     @torch.inference_mode()
@@ -236,7 +254,7 @@ class Batcher:
         with _full_threads(), _turn(self.model):
             t0 = time.perf_counter()
             if self.packed:
-                outs = packed_forward(self.model, batch)
+                outs = packed_forward(self.model, batch, self.attention)
             else:
                 outs = [torch.log_softmax(_plain_forward(self.model, r).float(), dim=-1) for r in batch]
             if outs and outs[0].device.type == "cuda":
