@@ -493,8 +493,10 @@ def build_demo() -> gr.Blocks:
                 compare = gr.Checkbox(True, label="Also run each model alone (greedy)")
                 others = gr.CheckboxGroup(list(COMPARE_METHODS), value=[], label="Also decode with (side by side)")
                 with gr.Accordion("Loaded models", open=True):
+                    # wrapped, in widths that leave every column in view in the narrow settings column (1280 px)
                     loaded_df = gr.Dataframe(loaded_frame([]), label="Loaded models", interactive=False,
-                                             elem_id="af-loaded", wrap=True)  # wrapped: every column in a narrow column
+                                             elem_id="af-loaded", wrap=True,
+                                             column_widths=["36%", "14%", "20%", "15%", "15%"])
                     with gr.Row():
                         unload_pick = gr.Dropdown([], label="Loaded model", scale=2, elem_id="af-unload-pick")
                         unload_btn = gr.Button("Unload", size="sm", scale=1, elem_id="af-unload")

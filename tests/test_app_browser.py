@@ -35,10 +35,12 @@ def test_run_mode_renders_every_view_and_exports(page, tmp_path):
     for name in ("smollm2-135m-instruct", "gemma3-270m"):  # loaded on first use, each on the CPU
         assert any(name in r and "cpu" in r.split() for r in rows), rows
     pg.set_viewport_size({"width": 1280, "height": 1000})  # a laptop: every column of the table in view, no scrolling
-    last, whole = pg.locator("#af-loaded th").last.bounding_box(), pg.locator("#af-loaded").bounding_box()
-    assert "load s" in pg.locator("#af-loaded th").last.inner_text()
-    assert last["x"] + last["width"] <= whole["x"] + whole["width"] + 1, (last, whole)
-    pg.set_viewport_size({"width": 1400, "height": 1000})
+    try:
+        last, whole = pg.locator("#af-loaded th").last.bounding_box(), pg.locator("#af-loaded").bounding_box()
+        assert "load s" in pg.locator("#af-loaded th").last.inner_text()
+        assert last["x"] + last["width"] <= whole["x"] + whole["width"] + 1, (last, whole)
+    finally:
+        pg.set_viewport_size({"width": 1400, "height": 1000})
     assert pg.locator("#af-fused .af-out .af-span").count() > 0
     assert pg.locator("#af-fused .af-out").inner_text().strip()
     pg.screenshot(path=str(SHOTS / "run-output.png"), full_page=True)
