@@ -886,6 +886,8 @@ def build_demo() -> gr.Blocks:
             trigger(on_prompt, [prompt, mode, stop, proposed], [stop, proposed], show_progress="hidden",
                     trigger_mode="always_last", **hidden)
         stop.input(lambda: USER, None, [proposed], show_progress="hidden", **hidden)
+        # a prompt already in the box when the page loads (restored by the browser) gets its proposal too
+        demo.load(on_prompt, [prompt, mode, stop, proposed], [stop, proposed], show_progress="hidden", **hidden)
         for c in (tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
                   system, thinking, speculate, normalize, gate, *weights):
             c.input(on_live, [state, *settings], None, show_progress="hidden", trigger_mode="always_last",
