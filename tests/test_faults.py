@@ -164,7 +164,7 @@ def _poisoned_decodes(pair, prompts, poison_prompt, where, concurrency=4):
     def job(p):
         def run():
             try:
-                return AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=6)).generate(p)
+                return AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=3)).generate(p)
             except Exception as exc:  # noqa: BLE001
                 return exc
         return run
@@ -202,7 +202,7 @@ PROMPTS = [f"Question: {q}\nAnswer:" for q in QUESTIONS]
 
 @pytest.fixture(scope="module")
 def alone(pair):
-    return [AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=6)).generate(p) for p in PROMPTS[:3]]
+    return [AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=3)).generate(p) for p in PROMPTS[:3]]
 
 
 @pytest.mark.models
