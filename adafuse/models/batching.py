@@ -33,12 +33,12 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import ForwardError
-from .packed import PACKED, _device, cache_state, packed_forward, restore, use_packed_attention  # noqa: F401
+from .packed import (PACKED, Request, _device, cache_state, packed_forward, restore,  # noqa: F401 (re-exported)
+                     use_packed_attention)
 
 # Longest a request waits for decodes still working before its batch starts anyway.
 GATHER_SECONDS = 0.05
@@ -110,27 +110,6 @@ def waiting_elsewhere():
         with _GATE:
             rider.waiting -= 1
             _GATE.notify_all()
-
-
-@dataclass(eq=False)
-class Request:
-    """Rows of equal length fed after the positions `cache` holds (one cache row per row); `keep` last positions'
-    next-token distributions are wanted per row (None: all). The batcher fills `logprobs` (N, kept, V) float32,
-    `seconds` (its share of the forward, by positions) and `riders` (decodes in that forward), or `error`."""
-    rows: list[list[int]]
-    cache: object
-    keep: int | None = None
-    rider: Rider | None = None
-    since: float = field(default_factory=time.monotonic)
-    done: bool = False
-    logprobs: torch.Tensor | None = None
-    seconds: float = 0.0
-    riders: int = 1
-    error: BaseException | None = None
-
-    @property
-    def positions(self) -> int:
-        return len(self.rows) * len(self.rows[0])
 
 
 class Batcher:

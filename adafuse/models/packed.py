@@ -18,16 +18,13 @@ one call under the same bound, else the loop (not yet measured on a GPU: bench/g
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from .batching import Request
-
-# The attention implementation a batched model runs (registered with transformers under this name): per request, the
-# model's own attention function (`inner`) on that request's queries, keys and values.
+# The attention implementation a batched model runs (registered with transformers under this name): the model's own
+# attention function (`inner`) over the packed requests, in one of ATTENTION_MODES.
 PACKED = "adafuse_packed"
 # A single call per layer ("rows", then "one") where it computes at most this many times the query-key pairs the rows
 # need (their own keys only); above it, a call per request
@@ -39,6 +36,28 @@ _PACKING = threading.local()  # the packed forward running in this thread (its r
 def _device(model) -> torch.device:
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     return emb.weight.device if emb is not None else next(model.parameters()).device
+
+
+@dataclass(eq=False)
+class Request:
+    """Rows of equal length fed after the positions `cache` holds (one cache row per row); `keep` last positions'
+    next-token distributions are wanted per row (None: all). The batcher fills `logprobs` (N, kept, V) float32,
+    `seconds` (its share of the forward, by positions) and `riders` (decodes in that forward), or `error`."""
+    rows: list[list[int]]
+    cache: object
+    keep: int | None = None
+    rider: object | None = None  # the decode's `batching.Rider` (None: a forward outside any decode)
+    since: float = field(default_factory=time.monotonic)
+    done: bool = False
+    logprobs: torch.Tensor | None = None
+    seconds: float = 0.0
+    riders: int = 1
+    error: BaseException | None = None
+
+    @property
+    def positions(self) -> int:
+        return len(self.rows) * len(self.rows[0])
+
 
 
 # ---- the packed forward ----
