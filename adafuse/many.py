@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
 
 from .errors import ConfigError
-from .models.batching import lean_thread
+from .models.batching import run_lean
 
 T = TypeVar("T")
 # Decodes in flight by default: on a 2-core CPU with the bundled pair, examples per minute rose up to 8 and no further
@@ -41,10 +41,10 @@ def run_many(jobs: Iterable[Callable[[], T]], concurrency: int = DEFAULT_CONCURR
             yield job()
         return
     ahead: deque[Future] = deque()
-    with ThreadPoolExecutor(concurrency, thread_name_prefix="adafuse-decode", initializer=lean_thread) as pool:
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="adafuse-decode") as pool:
         try:
             for job in jobs:
-                ahead.append(pool.submit(job))
+                ahead.append(pool.submit(run_lean, job))  # each thread lean: the forwards get the cores
                 while len(ahead) >= 2 * concurrency or (ahead and ahead[0].done()):
                     yield ahead.popleft().result()
             while ahead:

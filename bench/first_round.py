@@ -18,12 +18,13 @@ import json
 import statistics
 import threading
 import time
+from contextlib import nullcontext
 
 from transformers import DynamicCache
 
 from adafuse import AdaFuse, DecodeConfig
 from adafuse.models import DEFAULT_PAIR, get_model
-from adafuse.models.batching import Rider, lean_thread
+from adafuse.models.batching import Rider, lean
 from adafuse.stops import parse_stops
 from app.controller import load_examples
 
@@ -43,21 +44,20 @@ def forget_prompts(models) -> None:
         lm.prefixes.clear()
 
 
-def first_rounds(models, examples, together: bool, lean: bool) -> list[float]:
+def first_rounds(models, examples, together: bool, lean_threads: bool) -> list[float]:
     """Seconds from start to each decode's first round; the decodes then run to their end (as the page's do)."""
     out = [0.0] * len(examples)
     go = threading.Barrier(len(examples) if together else 1)
 
     def visit(i: int) -> None:
-        if lean:
-            lean_thread()
-        go.wait()
-        t0 = time.perf_counter()
-        d = AdaFuse(models, app_config(examples[i])).start(examples[i]["prompt"])
-        d.step()
-        out[i] = time.perf_counter() - t0
-        while not d.done:
+        with lean() if lean_threads else nullcontext():
+            go.wait()
+            t0 = time.perf_counter()
+            d = AdaFuse(models, app_config(examples[i])).start(examples[i]["prompt"])
             d.step()
+            out[i] = time.perf_counter() - t0
+            while not d.done:
+                d.step()
 
     if together:
         threads = [threading.Thread(target=visit, args=(i,)) for i in range(len(examples))]
@@ -110,13 +110,13 @@ def main(argv=None) -> None:
     by_label = {e["label"]: e for e in load_examples()}
     examples = [by_label[label] for label in FOUR]
     models = [get_model(n) for n in a.models]
-    first_rounds(models, examples[:1], together=False, lean=False)  # warm-up: kernels chosen, batchers made
+    first_rounds(models, examples[:1], together=False, lean_threads=False)  # warm-up: kernels chosen, batchers made
     alone, together = [], []
     for _ in range(a.reps):
         forget_prompts(models)
-        alone.append(first_rounds(models, examples, together=False, lean=a.lean))
+        alone.append(first_rounds(models, examples, together=False, lean_threads=a.lean))
         forget_prompts(models)
-        together.append(first_rounds(models, examples, together=True, lean=a.lean))
+        together.append(first_rounds(models, examples, together=True, lean_threads=a.lean))
     prompts = [e["prompt"] for e in examples]
     prefill = {lm.name: {"one by one": prefill_seconds(lm, prompts, False), "packed": prefill_seconds(lm, prompts, True)}
                for lm in models}

@@ -64,7 +64,7 @@ def test_a_packed_forward_gives_each_request_its_own_forwards_numbers(kind, atte
         reqs.append(Request(rows, cache, keep))
     calls = []
     hook = model.model.layers[0].self_attn.register_forward_hook(
-        lambda *_: calls.append(packed._PACKING.run[1].calls))
+        lambda _m, _a, kwargs, _o: calls.append(kwargs[packed.RUN].calls), with_kwargs=True)
     with torch.inference_mode():
         outs = packed_forward(model, reqs, attention)
     hook.remove()
@@ -82,13 +82,12 @@ def test_a_packed_forward_gives_each_request_its_own_forwards_numbers(kind, atte
         assert torch.allclose(model(input_ids=x).logits, alone_model(input_ids=x).logits, atol=1e-5)
 
 
-def test_a_batch_waits_for_a_working_decode_and_carries_both(monkeypatch):
+def test_a_batch_waits_for_a_working_decode_and_carries_both():
     """Two decodes working at once: the first request waits for the second (still computing) and one forward
     carries both; a decode that is not working (between Step presses) is never waited for."""
     assert batching.GATHER_SECONDS > 0.02
-    monkeypatch.setattr(batching, "GATHER_SECONDS", 30.0)  # a loaded machine must not start the batch early
     model = tiny("llama")
-    b = Batcher(model)
+    b = Batcher(model, batching.Runtime(gather_seconds=30.0))  # a loaded machine must not start the batch early
     r1, r2, idle = Rider(), Rider(), Rider()
     served = {}
 

@@ -5,6 +5,7 @@ with one that fails give the traces they give alone (tiny random transformers, a
 from __future__ import annotations
 
 import copy
+import gc
 import random
 import threading
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ import torch
 from adafuse import AdaFuse, DecodeConfig
 from adafuse.many import run_many
 from adafuse.models.batching import Batcher, Request
-from adafuse.models.packed import _PACKING
+from adafuse.models.packed import RUN
 from tests.test_batching import prefilled, tiny
 
 POISON = 63  # a token id the tests' fault fires on: the forward carrying it raises
@@ -37,12 +38,12 @@ def fault(model, where: str, poison=POISON, every: int | None = None, seed: int 
     rng = random.Random(seed)
     n = len(_layers(model))
 
-    def before(_module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
+    def before(_module, args, _kwargs):
+        ids = _kwargs.get("input_ids", args[0] if args else None)
         state["calls"] += 1
         if every is not None:  # count the forwards shared by several requests (the retries alone then succeed)
-            run = getattr(_PACKING, "run", None)
-            shared = run is not None and len(run[0]) > 1
+            run = _kwargs.get(RUN)
+            shared = run is not None and len(run.segments) > 1
             state["shared"] += shared
             state["armed"] = shared and state["shared"] % every == 0
             state["fired"] += state["armed"]
@@ -142,7 +143,6 @@ def test_a_cache_written_in_place_is_not_retried_on():
 def test_a_waiting_thread_that_is_interrupted_leaves_the_queue(monkeypatch):
     """A decode's thread interrupted while its request waits for a forward (an exception raised in it) takes its
     request out of the queue: no forward runs it later on a cache the decode has left."""
-    from adafuse.models import batching
     model = tiny("llama")
     b = Batcher(model)
     b.running = True  # another forward is under way: the request waits
@@ -152,7 +152,7 @@ def test_a_waiting_thread_that_is_interrupted_leaves_the_queue(monkeypatch):
         waits.append(timeout)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(batching._GATE, "wait", interrupted)
+    monkeypatch.setattr(b.gate, "wait", interrupted)
     with pytest.raises(KeyboardInterrupt):
         b.forward([[1]], prefilled(model, [2]))
     assert waits and b.queue == []
@@ -224,19 +224,31 @@ PROMPTS8 = [" a b", " c", " d e f", " g", " h i", " j k", " l", " m n o"]
 CFG = DecodeConfig(max_new_words=4, branches=3, tau=0.9)
 
 
-def tiny_pair():
-    """Two tiny random transformers that pack (a Llama, a Gemma with sliding windows) as models of a decode, over a
-    toy tokenizer of letters."""
+def tiny_local(name: str):
+    """A tiny random transformer that packs ("llama", or "gemma" with sliding windows) as a model of a decode, over a
+    toy tokenizer of letters: the same weights each time."""
     from adafuse.models.local import LocalModel
     from tests.toy import ToyTokenizer
     vocab = [chr(ord("a") + i) for i in range(26)] + [" " + chr(ord("a") + i) for i in range(26)] + [" ", ".", "\n"]
     tok = ToyTokenizer(vocab)
-    models = []
-    for name, kind in (("llama", "llama"), ("gemma", "gemma-sliding")):
-        m = tiny(kind)
-        m.resize_token_embeddings(len(tok.tokens))
-        models.append(LocalModel.from_objects(name, m, copy.deepcopy(tok)))
-    return models
+    m = tiny({"llama": "llama", "gemma": "gemma-sliding"}[name])
+    m.resize_token_embeddings(len(tok.tokens))
+    return LocalModel.from_objects(name, m, tok)
+
+
+def tiny_pair():
+    return [tiny_local("llama"), tiny_local("gemma")]
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of the tensors alive in this process (each storage once)."""
+    gc.collect()
+    storages = {}
+    for o in gc.get_objects():
+        if issubclass(type(o), torch.Tensor) and o.device.type == "cpu":
+            st = o.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+    return sum(storages.values())
 
 
 @pytest.mark.unit
@@ -284,7 +296,9 @@ def test_a_decode_cancelled_while_its_forward_waits_or_runs_stops_alone():
 def test_eight_decodes_with_every_third_forward_failing_survive_as_alone():
     """8 decodes on two tiny transformers (a packed Llama and a packed Gemma with sliding windows), every 3rd
     forward that several decodes share failing at a random layer or the head (seeded): every decode gives the trace it
-    gives alone (the failed forward's requests put back and retried alone); nothing is left in any queue."""
+    gives alone (the failed forward's requests put back and retried alone); nothing is left in any queue, and the
+    memory held afterwards is what the same decodes without faults leave (no request, no cache of a failed forward
+    kept)."""
     models = tiny_pair()
     alone = [AdaFuse(models, CFG).generate(p) for p in PROMPTS8]
     cfg, prompts = CFG, PROMPTS8
@@ -296,6 +310,8 @@ def test_eight_decodes_with_every_third_forward_failing_survive_as_alone():
             except Injected as exc:
                 return exc
         return run
+    list(run_many([job(p) for p in prompts], 8))  # without faults: the level the models' stores settle at
+    level = live_tensor_bytes()
     with contextlib_exit() as stack:
         states = [stack.enter_context(fault(lm.model, "", every=3, seed=i)) for i, lm in enumerate(models)]
         got = list(run_many([job(p) for p in prompts], 8))
@@ -305,3 +321,6 @@ def test_eight_decodes_with_every_third_forward_failing_survive_as_alone():
         assert _same(a, g), (a.output, g.output)
     for lm in models:
         assert lm.batcher.queue == []
+    del got
+    assert live_tensor_bytes() <= level * 1.01, (live_tensor_bytes(), level)
+    assert not [o for o in gc.get_objects() if type(o) is Request]

@@ -121,14 +121,17 @@ def main(argv=None) -> int:
     p.add_argument("--spec", type=Path, help="JSON file naming the models to build (see above); needed to run")
     p.add_argument("--data", type=Path, default=None, help="benchmark data folder (for --prepare)")
     p.add_argument("--dir", type=Path, default=Path("bench/gpu"), help="folder written by --prepare")
-    p.add_argument("--questions", type=int, default=10, help="prompts per method in the methods' table")
+    p.add_argument("--questions", type=int, default=10, help="prompts per method in the methods' table (0: no table)")
     p.add_argument("--words", type=int, default=24, help="words per answer")
     p.add_argument("--tiny", action="store_true", help="2-layer models (check the script itself, e.g. on CPU)")
     p.add_argument("--out", type=Path, help="write every number as JSON here")
+    p.add_argument("--attention", nargs="*", type=int, metavar="N", default=[],
+                   help="first: ms per packed forward of N requests with each attention mode (e.g. 1 8 32)")
     p.add_argument("--concurrency", nargs="+", type=int, metavar="N",
-                   help="instead of the methods' table: AdaFuse B=3 with N decodes in flight at each level (e.g. 1 8 "
-                        f"32 64; as many prompts as the highest level, distinct up to the {PREPARED} prepared), "
+                   help="after the methods' table: AdaFuse B=3 with N decodes in flight at each level (e.g. 1 8 32), "
                         "outputs compared with one at a time")
+    p.add_argument("--prompts", type=int, default=None,
+                   help=f"prompts of the concurrency part (default: the highest level; distinct up to {PREPARED})")
     args = p.parse_args(argv)
     if args.prepare:
         from .tasks import DEFAULT_DATA
@@ -140,27 +143,56 @@ def main(argv=None) -> int:
         spec = read_spec(args.spec)
     except ConfigError as exc:
         p.error(str(exc))
+    start = time.perf_counter()
+
+    def part(name: str) -> None:
+        print(f"[{time.perf_counter() - start:.0f} s] {name}", flush=True)
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     print(f"device: {torch.cuda.get_device_name(0) if device != 'cpu' else 'cpu'}; torch {torch.__version__}",
           flush=True)
     prepared = json.loads((args.dir / "prompts.json").read_text())
-    prompts = prepared[: args.questions]
     models = [build(shape, args.dir / shape["tokenizer"], device, args.tiny) for shape in spec["models"]]
     for lm in models:
         print(f"  {lm.describe()}", flush=True)
-    problems = check_cache(models, prompts[0])
+    problems = check_cache(models, prepared[0])
     if device != "cpu":  # the same CUDA path in fp32, where the cache must match to 1e-4 (2 layers: seconds)
         small = [build(shape, args.dir / shape["tokenizer"], device, True, torch.float32) for shape in spec["models"]]
-        problems += check_cache(small, prompts[0])
+        problems += check_cache(small, prepared[0])
         del small
+    out: dict = {"problems": problems}
+    if args.attention:
+        from .attention_bench import attention_table
+        part(f"packed forwards of {' / '.join(map(str, args.attention))} requests, each attention mode")
+        out["attention"] = attention_table(models, args.attention, repeats=3, echo=lambda x: print(x, flush=True))
+    if args.questions > 0:
+        part(f"methods' table: {args.questions} questions, {args.words} words")
+        cfg = DecodeConfig(max_new_words=args.words, max_new_tokens=4 * args.words)
+        out["rows"], out["numbers"] = methods_table(models, prepared[: args.questions], cfg, spec.get("reference"),
+                                                    device)
+    differed = 0
     if args.concurrency:
         from ..many import check_concurrency
         from .bench_many import concurrency_bench
         levels = [check_concurrency(n) for n in args.concurrency]
+        n = args.prompts or max(levels)
+        part(f"many decodes at once: {n} prompts, {args.words} words, B=3, in flight {' / '.join(map(str, levels))}")
         cfg = DecodeConfig(max_new_words=args.words, max_new_tokens=4 * args.words, branches=3)
-        work = [("triviaqa", prepared[i % len(prepared)], cfg) for i in range(max(levels))]
-        return concurrency_bench(models, work, levels, rounds=1) or (1 if problems else 0)
-    rows, numbers, ref = [], {}, spec.get("reference")
+        work = [("triviaqa", prepared[i % len(prepared)], cfg) for i in range(n)]
+        differed = concurrency_bench(models, work, levels, rounds=1)
+    part("done")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1))
+    for msg in problems:
+        print(f"PROBLEM: {msg}")
+    return 1 if problems or differed else 0
+
+
+def methods_table(models: list[LoadedModel], prompts: list[str], cfg: DecodeConfig, ref: dict | None,
+                  device: str) -> tuple[list[dict], dict]:
+    """Each model greedy, then AdaFuse B=1 and 3 at τΔ 0.7 and 0, side by side and one after another, and with
+    speculation: words, rounds, seconds per word and round, forwards per round, against the models alone; printed."""
+    rows, numbers = [], {}
     runs = [(f"{lm.name} greedy", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
     for b in (1, 3):
         for tau in (0.7, 0.0):
@@ -171,15 +203,13 @@ def main(argv=None) -> int:
         # speculative proposals: the lighter model's span verified by the other in one forward
         runs.append((f"AdaFuse B={b} τΔ=0.7 sequential speculative", lambda pr, c, b=b:
                      AdaFuse(models, c, branches=b, tau=0.7, parallel=False, speculate=True).generate(pr)))
-    cfg = DecodeConfig(max_new_words=args.words, max_new_tokens=4 * args.words)
     runs[0][1](prompts[0], cfg)  # warm-up (kernels, allocator)
     for name, fn in runs:
         if device != "cpu":
             torch.cuda.reset_peak_memory_stats()
-        words = rounds = 0
+        words = rounds = forwards = 0
         seconds = 0.0
         tokens = {lm.name: 0 for lm in models}
-        forwards = 0
         for prompt in prompts:
             tr = fn(prompt, cfg)
             words, rounds = words + tr.words, rounds + len(tr.rounds)
@@ -208,13 +238,8 @@ def main(argv=None) -> int:
     print(format_table(rows))
     print("'÷ sum of greedy': AdaFuse seconds over what the models alone take to write the same text (each one's"
           " greedy s/token × the text's tokens in its tokenizer)"
-          + (f"; '{ref['column']}': {ref.get('about', 'reference timings')}." if ref else "."))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"numbers": numbers, "rows": rows, "problems": problems}, indent=1))
-    for msg in problems:
-        print(f"PROBLEM: {msg}")
-    return 1 if problems else 0
+          + (f"; '{ref['column']}': {ref.get('about', 'reference timings')}." if ref else "."), flush=True)
+    return rows, numbers
 
 
 if __name__ == "__main__":

