@@ -308,7 +308,7 @@ def restored(st: dict, n_models: int) -> list:
 def in_line(ex: Explorer, kind: str):
     """Wait for one of the server's decoding slots (`SLOTS`), a generator: yields the visitor's place in line and a
     measured estimate (Cancel live: it leaves the line), then returns the ticket holding the slot — None when Cancel
-    or Reset left the line. A handler closed while waiting (Reset) leaves it too."""
+    or Reset left the line. A handler closed while waiting (the page went away) leaves it too."""
     ticket = SLOTS.ticket(kind)
     try:
         while not SLOTS.try_take(ticket):
@@ -651,7 +651,7 @@ def build_demo() -> gr.Blocks:
             except Exception as exc:  # noqa: BLE001
                 ex.running = False
                 yield failed(ex, exc)
-            finally:  # also when Reset closes this run
+            finally:  # also when the page goes away mid-run (Gradio closes the handler)
                 ex.running = False
                 done_with(ticket)
 
@@ -912,7 +912,7 @@ def build_demo() -> gr.Blocks:
                         **hidden)
         upload.upload(on_upload, [state, upload], [state, *outputs], **hidden)
         branch_btn.click(on_branch, [state, branch_round, branch_cand], [state, *outputs],
-                 concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
+                         concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
         # Reset does not cancel the running handler through Gradio: an update that handler had already sent could
         # then reach the page after Reset's own and stay there. The handler sees `replaced_by` at its next round and
         # its every later update shows the fresh session, so the last word is always the Reset's
