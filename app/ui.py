@@ -21,7 +21,7 @@ from adafuse.stops import format_stops, parse_stops, propose_stops
 
 from . import analysis, api, plots
 from .plots import count
-from .controller import (ASSETS, COMPARE_METHODS, DECODE_QUEUE, EVAL_METHODS, SLOTS, Explorer, device_choices, friendly,
+from .controller import (ASSETS, COMPARE_METHODS, DECODE_QUEUE, EVAL_METHODS, Explorer, slots, device_choices, friendly,
                          load_examples, loaded_frame, remote_code_allowed, stop_note, unload)
 from .divergence_view import divergence_figure, divergence_html
 from .explain_html import token_view_html, tree_html
@@ -306,21 +306,21 @@ def restored(st: dict, n_models: int) -> list:
 
 
 def in_line(ex: Explorer, kind: str):
-    """Wait for one of the server's decoding slots (`SLOTS`), a generator: yields the visitor's place in line and a
+    """Wait for one of the server's decoding slots (`slots()`), a generator: yields the visitor's place in line and a
     measured estimate (Cancel live: it leaves the line), then returns the ticket holding the slot — None when Cancel
     or Reset left the line. A handler closed while waiting (Reset) leaves it too."""
-    ticket = SLOTS.ticket(kind)
+    ticket = slots().ticket(kind)
     try:
-        while not SLOTS.try_take(ticket):
+        while not slots().try_take(ticket):
             if ex.cancel_requested:
-                SLOTS.release(ticket)
+                slots().release(ticket)
                 return None
-            out = list(only_status(SLOTS.note(ticket)))
+            out = list(only_status(slots().note(ticket)))
             out[CANCEL_AT] = gr.update(interactive=True)
             yield (ex, *out)
             time.sleep(1)
     except GeneratorExit:
-        SLOTS.release(ticket)
+        slots().release(ticket)
         raise
     ex.hold_slot()
     return ticket
@@ -329,7 +329,7 @@ def in_line(ex: Explorer, kind: str):
 def done_with(ticket: int | None) -> None:
     """A decoding handler ends: its slot goes to the next visitor, and the memory its decodes freed goes back to the
     system (a page's finished decodes keep no caches: see `Decoding._close`)."""
-    SLOTS.release(ticket)
+    slots().release(ticket)
     free_unused_memory()
 
 
@@ -344,6 +344,7 @@ def take_slot(ex: Explorer, kind: str) -> int | None:
 
 
 def build_demo() -> gr.Blocks:
+    slots()  # the decoding slots from the environment, now: a bad ADAFUSE_DECODE_SLOTS stops the launch, not a Run
     examples = load_examples()
     with gr.Blocks(title="AdaFuse Explorer") as demo:
         state = gr.State(None)

@@ -108,3 +108,42 @@ def test_the_check_itself_finds_what_it_looks_for():
     lines = ["DEFAULT = ('smollm2-135m-instruct', 'gemma3-270m')", "# see issue 15", "print('Target met')"]
     for (pattern, _), line in zip(FORBIDDEN, lines):
         assert re.search(pattern, line)
+
+
+SPY = r'''
+import os, sys, importlib, pkgutil
+roots = tuple(sys.argv[1:])
+reads = []
+class Spy(type(os.environ)):
+    def __getitem__(self, key):
+        frame = sys._getframe(1)
+        while frame.f_code.co_filename.endswith(("os.py", "<frozen os>", "_collections_abc.py", "_collections_abc>")):
+            frame = frame.f_back
+        caller = frame.f_code.co_filename
+        if caller.startswith(roots):
+            reads.append((key, caller))
+        return super().__getitem__(key)
+spy = Spy(os.environ._data, os.environ.encodekey, os.environ.decodekey, os.environ.encodevalue,
+          os.environ.decodevalue)
+os.environ = spy
+import adafuse
+for m in pkgutil.walk_packages(adafuse.__path__, "adafuse."):
+    if not m.name.endswith("__main__"):
+        importlib.import_module(m.name)
+for name in ("app.controller", "app.api", "app.ui"):
+    importlib.import_module(name)
+print(sorted(set(reads)))
+'''
+
+
+def test_no_module_reads_the_environment_at_import():
+    """Importing every module of the library and the app reads no environment variable (data folders, the vLLM
+    environment and the app's decoding slots are found when asked): the spy on os.environ sees every read made by a
+    file under adafuse/ or app/ while they import."""
+    import subprocess
+    import sys
+    root = PACKAGE.parent
+    out = subprocess.run([sys.executable, "-c", SPY, str(PACKAGE), str(root / "app")], cwd=root, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
