@@ -579,6 +579,10 @@ def build_demo() -> gr.Blocks:
                 return (ex.replaced_by, *render(ex.replaced_by, "↺ reset"))
             return (ex, *render(ex, status, **kw))
 
+        def failed(ex, exc):
+            """A handler's error, unless a Reset replaced the session meanwhile (then the fresh one is shown)."""
+            return shown(ex, "") if ex.replaced_by is not None else (ex, *_error(ex, exc))
+
         def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, picked, *s):
             ex = ex or Explorer()
             ex.trust_remote_code = bool(allow)
@@ -647,7 +651,7 @@ def build_demo() -> gr.Blocks:
                                 f"{stop_note(d.trace)}", loaded=True)
             except Exception as exc:  # noqa: BLE001
                 ex.running = False
-                yield shown(ex, "") if ex.replaced_by else (ex, *_error(ex, exc))
+                yield failed(ex, exc)
             finally:  # also when Reset closes this run
                 ex.running = False
                 done_with(ticket)
@@ -693,7 +697,7 @@ def build_demo() -> gr.Blocks:
                 return shown(ex, f"› {html.escape(note)}", loaded=True)
             except Exception as exc:  # noqa: BLE001
                 ex.running = False
-                return (ex, *_error(ex, exc))
+                return failed(ex, exc)
             finally:
                 ex.running = False
                 done_with(ticket)
@@ -720,8 +724,7 @@ def build_demo() -> gr.Blocks:
                     ex.running = False
                     yield shown(ex, "■ left the line: nothing was branched")
                     return
-                yield (ex, *render(ex, f"… branching from round {r_idx}: deciding the rounds before it again",
-                                   export=False))
+                yield shown(ex, f"… branching from round {r_idx}: deciding the rounds before it again", export=False)
                 for label, d in ex.branch(r_idx, c_idx):
                     yield shown(ex, f"… {html.escape(label)}: round {len(d.trace.rounds)} · "
                                     f"{count(d.trace.words, 'word')}", export=False)
@@ -730,7 +733,7 @@ def build_demo() -> gr.Blocks:
                                 "see it beside the original under *Fused vs alone*", loaded=True)
             except Exception as exc:  # noqa: BLE001
                 ex.running = False
-                yield (ex, *_error(ex, exc))
+                yield failed(ex, exc)
             finally:
                 ex.running = False
                 done_with(ticket)
@@ -898,10 +901,10 @@ def build_demo() -> gr.Blocks:
         # pasted, restored by the browser): the decode never starts before the proposal it would have had
         propose = dict(fn=on_prompt, inputs=[prompt, mode, stop, proposed], outputs=[stop, proposed], queue=False,
                        show_progress="hidden", **hidden)
-        run_evt = run_btn.click(**propose).then(
+        run_btn.click(**propose).then(
             on_run, [state, models, device, trust, prompt, compare, others, choice, *settings], [state, *outputs],
             show_progress="hidden", concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
-        step_evt = step_btn.click(**propose).then(
+        step_btn.click(**propose).then(
             on_step, [state, models, device, trust, prompt, choice, *settings], [state, *outputs],
             concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
         cancel_btn.click(on_cancel, [state], [state, *outputs], **hidden)
@@ -909,9 +912,12 @@ def build_demo() -> gr.Blocks:
         round_sel.input(on_round, [state, round_sel], [pool_plot, picks_df], show_progress="hidden",  # keys too
                         **hidden)
         upload.upload(on_upload, [state, upload], [state, *outputs], **hidden)
-        branch_evt = branch_btn.click(on_branch, [state, branch_round, branch_cand], [state, *outputs],
-                                      concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
-        reset_btn.click(on_reset, [state], [state, *outputs], cancels=[run_evt, step_evt, branch_evt], **hidden)
+        branch_btn.click(on_branch, [state, branch_round, branch_cand], [state, *outputs],
+                 concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
+        # Reset does not cancel the running handler through Gradio: an update that handler had already sent could
+        # then reach the page after Reset's own and stay there. The handler sees `replaced_by` at its next round and
+        # its every later update shows the fresh session, so the last word is always the Reset's
+        reset_btn.click(on_reset, [state], [state, *outputs], **hidden)
         tok_btn.click(on_tokens, [state, tok_round, tok_cand], [tok_view], concurrency_limit=DECODE_QUEUE,
                       concurrency_id="decode", **hidden)
     return demo

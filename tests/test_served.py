@@ -82,8 +82,8 @@ def _answered_alike(a, b, model: str) -> bool:
     return [len(x) for x in ma] == [len(x) for x in mb] and sum(ma, []) == pytest.approx(sum(mb, []), abs=1e-4)
 
 
-def test_eight_decodes_in_flight_with_a_served_member_give_their_own_traces(remote, pair):
-    """The fused output is identical with the member local and served (8 NQ/TriviaQA prompts, one at a time), and
+def test_four_decodes_in_flight_with_a_served_member_give_their_own_traces(remote, pair):
+    """The fused output is identical with the member local and served (4 NQ/TriviaQA prompts, one at a time), and
     many decodes at once with a served member: each decode's requests go out while the others' do (the server
     batches them), and each trace is the one decoded alone, with the same requests per decode.
 
@@ -93,22 +93,22 @@ def test_eight_decodes_in_flight_with_a_served_member_give_their_own_traces(remo
     another path (more or fewer requests); the request counts are compared where the server answered the same."""
     import time
     cfg = DecodeConfig(stop=("\n",), max_new_words=12, explore_top_k=20)
-    prompts = [qa_prompt("nq", i) for i in range(4)] + [qa_prompt("triviaqa", i) for i in range(5, 9)]
+    prompts = [qa_prompt("nq", i) for i in range(2)] + [qa_prompt("triviaqa", i) for i in range(5, 7)]
     local = [AdaFuse([pair[0], pair[1]], cfg).generate(p).output for p in prompts]
     ens = AdaFuse([remote, pair[1]], cfg)
     t0 = time.perf_counter()
     alone = [ens.generate(p) for p in prompts]
     t1 = time.perf_counter()
-    many = ens.generate_many(prompts, concurrency=8)
+    many = ens.generate_many(prompts, concurrency=4)
     t2 = time.perf_counter()
     assert [t.output for t in alone] == local  # served or local, the same fused output
     assert [t.output for t in many] == [t.output for t in alone]
     same_answers = [i for i, (a, m) in enumerate(zip(alone, many)) if _answered_alike(a, m, remote.name)]
-    assert len(same_answers) >= 4, f"the server answered only decodes {same_answers} as it did alone"
+    assert len(same_answers) >= 2, f"the server answered only decodes {same_answers} as it did alone"
     requests = [[t.cost(remote.name)["forward_passes"] for t in (many[i], alone[i])] for i in same_answers]
     assert all(m == a for m, a in requests), requests
-    print(f"8 decodes with a served member: one at a time {t1 - t0:.1f} s, 8 in flight {t2 - t1:.1f} s; "
-          f"served the same answers: {len(same_answers)} of 8")
+    print(f"4 decodes with a served member: one at a time {t1 - t0:.1f} s, 4 in flight {t2 - t1:.1f} s; "
+          f"served the same answers: {len(same_answers)} of 4")
 
 
 def test_a_server_killed_mid_decode_is_a_typed_error_and_keeps_the_trace(server, remote, pair):
