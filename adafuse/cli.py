@@ -48,13 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("lm-eval", help="lm-evaluation-harness with the `adafuse` model registered (lm_eval's own "
                    "arguments follow: python -m adafuse lm-eval run --model adafuse ...)", add_help=False)
 
-    from .harness.tasks import DEFAULT_DATA, TASKS
+    from .harness.tasks import TASKS
     ev = sub.add_parser("eval", help="evaluate methods on a benchmark task", epilog=EPILOG,
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ev.add_argument("--task", required=True, choices=list(TASKS), help="benchmark task")
-    ev.add_argument("--data", type=Path, default=DEFAULT_DATA,
-                    help="folder holding nq/, triviaqa/, squad/, gsm8k/, flores/ ($ADAFUSE_DATA, else ../shared/data, "
-                         "else the 20-example sample in assets/data)")
+    ev.add_argument("--data", type=Path, default=None,
+                    help="folder holding nq/, triviaqa/, squad/, gsm8k/, flores/ (default: $ADAFUSE_DATA, else "
+                         "../shared/data, else the 20-example sample shipped with the package)")
     ev.add_argument("--limit", type=int, help="first N examples of the file (default 20; with --lines: of that range, "
                                               "default all of it)")
     ev.add_argument("--lines", metavar="FIRST-LAST",
@@ -165,7 +165,7 @@ def load_models(args: argparse.Namespace) -> list:
 def run_eval(args) -> int:
     from .harness.evaluate import evaluate, parse_methods, write_summary
     from .models import ModelRegistry
-    from .harness.tasks import TASKS, data_source, parse_lines
+    from .harness.tasks import TASKS, data_dir, data_source, parse_lines
     if args.limit is not None and args.limit < 1:
         from .errors import ConfigError
         raise ConfigError(f"--limit {args.limit} is invalid: use 1 or more")
@@ -178,6 +178,7 @@ def run_eval(args) -> int:
     DecodeConfig(**base)  # validate before loading anything
     runs = parse_methods(args.methods, args.models)
     check_concurrency(args.concurrency)
+    args.data = args.data or data_dir()  # found now, not at import
     print(f"data: {data_source(args.data)}; {args.concurrency} decode(s) in flight", file=sys.stderr)
     t0 = time.perf_counter()
     out = evaluate(TASKS[args.task], runs, args.out, args.data, limit, base, args.on_bad_line,

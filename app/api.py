@@ -8,7 +8,7 @@ from adafuse.methods import MAX_MODELS
 from adafuse.errors import AdafuseError, ConfigError, PromptError
 from adafuse.stops import parse_stops
 
-from .controller import DECODE_QUEUE, MODELS, SLOTS
+from .controller import DECODE_QUEUE, MODELS, slots
 from .gpu import gpu
 
 
@@ -46,13 +46,13 @@ def decode(prompt: str, models: list[str] | str = ",".join(DEFAULT_PAIR), tau: f
         cfg = DecodeConfig(tau=tau, max_words=max_words, branches=branches, max_new_words=max_new_words, mode=mode,
                            stop=_stops(stop), system=system, thinking=thinking)
         lms = [MODELS.get(n) for n in _model_names(models)]
-        ticket = SLOTS.ticket()  # in line with the page's decodes
+        ticket = slots().ticket()  # in line with the page's decodes
         try:
-            while not SLOTS.try_take(ticket):
+            while not slots().try_take(ticket):
                 time.sleep(0.5)
             trace = AdaFuse(lms, cfg).generate(prompt)
         finally:
-            SLOTS.release(ticket)
+            slots().release(ticket)
     except AdafuseError as exc:  # the client sees the message (gradio_client raises AppError with it); the server
         # log stays free of tracebacks for a caller's mistake
         raise gr.Error(str(exc), title=type(exc).__name__, print_exception=False) from exc

@@ -1,6 +1,7 @@
 """Per-browser-session state and the actions behind the buttons (no layout here)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -43,10 +44,16 @@ _LIVE = threading.Lock()  # a Run's thread takes the settings a visitor's other 
 
 # The app's models: every visitor's decodes share them (each loaded once; the least recently used unloaded for room)
 MODELS = ModelRegistry()
-# Decodes at once on this server (ADAFUSE_DECODE_SLOTS, default many.DEFAULT_CONCURRENCY: the decodes in flight share
-# each model's forwards, models/batching.py); more visitors wait in line for a slot with a measured estimate, up to
-# DECODE_QUEUE handlers in Gradio's queue
-SLOTS = Slots(decode_slots(os.environ.get("ADAFUSE_DECODE_SLOTS", str(DEFAULT_CONCURRENCY))))
+
+
+@functools.cache
+def slots() -> Slots:
+    """The server's decoding slots, made at first use (the environment is read then, not at import):
+    ADAFUSE_DECODE_SLOTS decodes at once, default many.DEFAULT_CONCURRENCY (the decodes in flight share each model's
+    forwards, models/batching.py); more visitors wait in line for a slot with a measured estimate, up to DECODE_QUEUE
+    handlers in Gradio's queue."""
+    return Slots(decode_slots(os.environ.get("ADAFUSE_DECODE_SLOTS", str(DEFAULT_CONCURRENCY))))
+
 DECODE_QUEUE = 16
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adafuse.gate import load_gate  # noqa: E402
 from adafuse.harness.gate_train import TRAIN_OFFSET, decode_rewards, training_examples  # noqa: E402
-from adafuse.harness.tasks import DEFAULT_DATA  # noqa: E402
+from adafuse.harness.tasks import data_dir  # noqa: E402
 from adafuse.models import get_model  # noqa: E402
 
 
@@ -29,11 +29,11 @@ def main() -> None:
     tasks = gates[0].trained.get("tasks", [])
     assert all(g.trained.get("tasks") == tasks and g.models == gates[0].models for g in gates), "same tasks and models"
     lms = [get_model(m) for m in gates[0].models]
-    exs = training_examples(tasks, DEFAULT_DATA, TRAIN_OFFSET, args.per_task)
+    exs = training_examples(tasks, data_dir(), TRAIN_OFFSET, args.per_task)
     rows = []
     for path, g in zip(args.gates, gates):
         t0 = time.perf_counter()
-        per = decode_rewards(lms, exs, DEFAULT_DATA, gate=str(path), normalize=g.normalize)
+        per = decode_rewards(lms, exs, data_dir(), gate=str(path), normalize=g.normalize)
         per_task = {k: sum(v) / len(v) for k, v in per.items()}
         rows.append({"gate": str(path), "normalize": g.normalize, "steps": len(g.trained.get("curve", [])),
                      "per_task": per_task, "reward": sum(per_task.values()) / len(per_task),

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from adafuse.harness.compare import paired_difference, per_example_scores
 from adafuse.harness.evaluate import markdown_table
-from adafuse.harness.tasks import DEFAULT_DATA, TASKS, VALIDATION_LINES, format_lines, parse_lines
+from adafuse.harness.tasks import TASKS, VALIDATION_LINES, format_lines, parse_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 GATES = ROOT / "assets" / "gates"
@@ -117,7 +117,7 @@ def unpack(task: str, work: Path = WORK, store: Path = STORE) -> None:
         plain.write_bytes(gzip.decompress(gz.read_bytes()))
 
 
-def decode(subs: list[dict], tasks: list[str], lines: tuple[int, int], per_task: int | None, data: Path = DEFAULT_DATA,
+def decode(subs: list[dict], tasks: list[str], lines: tuple[int, int], per_task: int | None, data: Path | None = None,
            work: Path = WORK, store: Path = STORE, progress: bool = True, registry=None) -> None:
     """Decode every subject on its tasks with equal weights and each model alone beside it, task by task (all methods
     of a line before the next line, so a stopped run leaves whole lines)."""
@@ -132,7 +132,7 @@ def decode(subs: list[dict], tasks: list[str], lines: tuple[int, int], per_task:
 
 
 def decode_methods(specs: list[str], tasks: list[str], lines: tuple[int, int], per_task: int | None = None,
-                   data: Path = DEFAULT_DATA, work: Path = WORK, store: Path = STORE, progress: bool = True,
+                   data: Path | None = None, work: Path = WORK, store: Path = STORE, progress: bool = True,
                    registry=None, pair: list[str] | None = None, concurrency: int = 1) -> None:
     """Decode the eval method `specs` on `tasks` (lines `lines`) into the validation rows, resuming from them and
     packing them again after each task."""
@@ -324,7 +324,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", metavar="LABEL",
                     help="only these subjects (gate:qa, adafuse[weights=1/9] ...)")
     ap.add_argument("--metadata-only", action="store_true", help="decode nothing: recompute the numbers from the rows")
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     lines = parse_lines(args.lines)

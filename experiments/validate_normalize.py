@@ -107,7 +107,7 @@ def decode_zero_shot(tasks=ZERO_SHOT_TASKS, lines=VALIDATION_LINES, per_task: in
     app proposes for it and a 32-word cap, per token and per word; rows in <store>/zero-shot/rows.jsonl.gz (resumed;
 a folder of its own: they are not a task's rows)."""
     from adafuse import AdaFuse, DecodeConfig
-    from adafuse.harness.tasks import DEFAULT_DATA, read_examples
+    from adafuse.harness.tasks import data_dir, read_examples
     from adafuse.models import DEFAULT_PAIR, ModelRegistry
     from .validate_gates import pack, unpack
     work, store = work / "zero-shot", store / "zero-shot"
@@ -118,7 +118,7 @@ a folder of its own: they are not a task's rows)."""
     models = [registry.get(n) for n in DEFAULT_PAIR]
     for t in tasks:
         task = TASKS[t]
-        exs = read_examples(DEFAULT_DATA / task.folder / task.file, per_task, lines=lines)
+        exs = read_examples(data_dir() / task.folder / task.file, per_task, lines=lines)
         for norm in ("token", "word"):
             todo = [(no, ex) for no, ex in exs if (t, no, norm) not in done]
             if not todo:

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from adafuse import Trace
 from adafuse.models.session import LocalSession
-from adafuse.harness.tasks import DEFAULT_DATA as SHARED  # $ADAFUSE_DATA, ../shared/data, or the sample in assets/data
-from adafuse.harness.tasks import TASKS, read_examples
+from adafuse.harness.tasks import TASKS, data_dir, read_examples
+
+SHARED = data_dir()  # $ADAFUSE_DATA, ../shared/data, or the package's sample
 
 assert (SHARED / "nq" / "prompt.txt").exists(), f"benchmark data not found at {SHARED}: set ADAFUSE_DATA"
 

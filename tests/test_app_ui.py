@@ -1,4 +1,4 @@
-"""The app's settings widgets (app/ui.py): gates pick their NLL averaging, slider boxes take whole counts."""
+"""The app's settings widgets (app/views.py, app/layout.py): gates pick their NLL averaging, slider boxes take whole counts."""
 import pytest
 
 from adafuse.errors import ConfigError
@@ -6,7 +6,7 @@ from adafuse.errors import ConfigError
 
 def test_picking_a_gate_sets_the_nll_averaging_it_was_trained_with(tmp_path):
     from adafuse.gate import Gate
-    from app.ui import gate_normalize
+    from app.views import gate_normalize
     word, token = tmp_path / "word.json", tmp_path / "token.json"
     Gate(["a", "b"], Gate.zeros(["a", "b"]).W, [0.0, 0.0], trained={"normalize": "word"}).save(word)
     Gate.zeros(["a", "b"]).save(token)
@@ -18,7 +18,7 @@ def test_picking_a_gate_sets_the_nll_averaging_it_was_trained_with(tmp_path):
 
 
 def test_slider_boxes_take_whole_counts_and_some_weight():
-    from app.ui import _settings
+    from app.views import _settings
     base = dict(names=["a", "b"], tau=0.7, max_words=3, branches=3, diversity=True, exploration="surface", lam=1.0,
                 max_new_words=20, max_new_tokens=80, mode="raw", stop="", system="", thinking="template default",
                 speculate=False, normalize="per token (paper)", gate="")
@@ -41,7 +41,7 @@ def test_the_gate_menu_says_what_each_gates_validation_found(tmp_path, monkeypat
     import json
 
     from adafuse.gate import Gate
-    from app import ui
+    from app import views as ui
     from tests.test_gate import validated_record
     monkeypatch.setattr(ui, "GATES", tmp_path)
     g = Gate.zeros(["a", "b"])
@@ -67,7 +67,7 @@ def test_the_round_slider_shows_only_where_there_is_a_round_to_pick():
     """A decode of one round has nothing to pick: the Pool's round slider is hidden rather than a 0..1 range."""
     from adafuse import AdaFuse, DecodeConfig
     from app.controller import Explorer
-    from app.ui import render
+    from app.views import render
     from tests.toy import toy_pair
 
     def slider(cfg):

@@ -63,6 +63,6 @@ def test_eval_runs_on_the_sample_and_a_missing_adafuse_data_is_a_typed_error(mon
     assert [r["line"] for r in rows] == [1, 2] and "data: sample" in capsys.readouterr().err
     missing = tmp_path / "nowhere"
     monkeypatch.setenv("ADAFUSE_DATA", str(missing))
-    assert tasks.find_data() == missing  # explicit: never replaced by the sample
+    assert tasks.data_dir() == missing  # explicit: never replaced by the sample
     assert main(["eval", "--task", "nq", "--data", str(missing), "--out", str(out)]) == 2
     assert f"ADAFUSE_DATA={missing} is not a folder" in capsys.readouterr().err

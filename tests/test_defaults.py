@@ -28,7 +28,8 @@ def test_every_door_starts_from_the_librarys_decode_settings(monkeypatch):
 
 @pytest.mark.unit
 def test_the_apps_page_starts_from_the_librarys_decode_settings():
-    from app.ui import NORMALIZE, build_demo
+    from app.ui import build_demo
+    from app.views import NORMALIZE
     demo = build_demo()
     by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
     d = DecodeConfig()

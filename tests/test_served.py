@@ -18,7 +18,7 @@ REQUIRED = os.environ.get("ADAFUSE_REQUIRE_VLLM") == "1"
 def server():
     if not serve.available():
         if REQUIRED:
-            pytest.fail(f"vLLM is not installed in {serve.VENV}: run ./dev vllm")
+            pytest.fail(f"vLLM is not installed in {serve.vllm_venv()}: run ./dev vllm")
         pytest.skip("vLLM is not installed (./dev vllm)")
     s = serve.start("smollm2-135m-instruct", name="smollm2")
     yield s

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adafuse import ConfigError, DecodeConfig
-from adafuse.harness.tasks import DEFAULT_DATA, TASKS
+from adafuse.harness.tasks import TASKS, data_dir
 from adafuse.stops import ESCAPES, format_stops, parse_stops, propose_stops
 
 pytestmark = pytest.mark.unit
@@ -114,8 +114,8 @@ TASK_STOPS = {name: ("\n",) for name in TASKS} | {"gsm8k": ("\nQuestion:",)}
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_each_task_prompt_gets_the_tasks_own_stop(name):
     task = TASKS[name]
-    head = (DEFAULT_DATA / task.folder / task.prompt_file).read_text(encoding="utf-8")
-    with open(DEFAULT_DATA / task.folder / task.file, encoding="utf-8") as f:
+    head = (data_dir() / task.folder / task.prompt_file).read_text(encoding="utf-8")
+    with open(data_dir() / task.folder / task.file, encoding="utf-8") as f:
         question = json.loads(f.readline())["question"]
     proposed = propose_stops(task.prompt(head, question))
     assert proposed == TASK_STOPS[name] and (proposed == task.stop or _same_labels(proposed, task.stop))

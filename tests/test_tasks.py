@@ -26,14 +26,14 @@ def test_bad_data_lines_are_reported_with_their_number(tmp_path):
 
 def test_sample_data_when_the_full_sets_are_missing(monkeypatch, tmp_path):
     monkeypatch.delenv("ADAFUSE_DATA", raising=False)
-    assert tasks.find_data(roots=(tmp_path,)) == tasks.SAMPLE_DATA
+    assert tasks.data_dir(roots=(tmp_path,)) == tasks.SAMPLE_DATA
     assert tasks.data_source(tasks.SAMPLE_DATA).startswith("sample")
     (tmp_path / "shared" / "data").mkdir(parents=True)
-    assert tasks.find_data(roots=(tmp_path,)) == tmp_path / "shared" / "data"
+    assert tasks.data_dir(roots=(tmp_path,)) == tmp_path / "shared" / "data"
     assert tasks.data_source(tmp_path / "shared" / "data").startswith("full")
     size = sum(f.stat().st_size for f in tasks.SAMPLE_DATA.rglob("*") if f.is_file())
     assert size < 1_000_000
-    full = tasks.find_data()
+    full = tasks.data_dir()
     for task in tasks.TASKS.values():
         sample = tasks.read_examples(tasks.SAMPLE_DATA / task.folder / task.file, None)
         assert len(sample) == 20 and (tasks.SAMPLE_DATA / task.folder / task.prompt_file).is_file()

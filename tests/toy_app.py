@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from adafuse import DEFAULT_PAIR
+from adafuse.harness.tasks import SAMPLE_DATA
 from adafuse.errors import ModelNotFoundError
 from tests.toy import toy_model
 
@@ -34,7 +35,7 @@ def vocabulary() -> list[str]:
     """Every character the app's examples, the task data and a person's typing use, and the toys' words."""
     chars = set(string.printable) - set("\r\x0b\x0c")
     chars |= {chr(c) for c in range(0xA0, 0x180)} | {chr(c) for c in range(0x2000, 0x2070)}
-    for path in [ROOT / "assets" / "examples.json", *sorted((ROOT / "assets" / "data").rglob("*"))]:
+    for path in [ROOT / "assets" / "examples.json", *sorted(SAMPLE_DATA.rglob("*"))]:
         if path.is_file() and path.suffix in (".json", ".jsonl", ".txt"):
             chars |= set(path.read_text(encoding="utf-8"))
     return sorted(chars) + list(dict.fromkeys(WORDS))

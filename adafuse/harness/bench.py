@@ -21,7 +21,7 @@ from ..costs import SPEC_COUNTERS
 from ..ensemble import AdaFuse, greedy
 from ..models import DEFAULT_PAIR, get_model
 from ..report import format_table
-from .tasks import DEFAULT_DATA
+from .tasks import data_dir
 from ..trace import Trace
 
 
@@ -115,7 +115,7 @@ def side_by_side_floor(models, context: int = 500, steps: int = 16) -> list[str]
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m adafuse.harness.bench", description=__doc__)
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with triviaqa/ and gsm8k/")
+    p.add_argument("--data", type=Path, default=None, help="folder with triviaqa/ and gsm8k/ (default: tasks.data_dir())")
     p.add_argument("--trivia", type=int, default=20)
     p.add_argument("--gsm8k", type=int, default=5)
     p.add_argument("--models", nargs=2, default=list(DEFAULT_PAIR))
@@ -135,6 +135,7 @@ def main(argv=None) -> int:
     p.add_argument("--attention", choices=ATTENTION_MODES, default="auto",
                    help="with --concurrency: how a packed forward's attention runs (models/packed.py; default auto)")
     args = p.parse_args(argv)
+    args.data = args.data or data_dir()  # found now, not at import
     if args.remote:
         return remote_bench(args)
     models = [get_model(m) for m in args.models]

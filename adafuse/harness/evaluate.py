@@ -19,7 +19,7 @@ from ..many import check_concurrency, run_many
 from ..models import ModelRegistry, default_registry
 from .figures import word_shares
 from .metrics import corpus_scores
-from .tasks import DEFAULT_DATA, TASKS, Task, read_examples
+from .tasks import TASKS, Task, data_dir as find_data_dir, read_examples
 
 _SPEC = re.compile(r"^(?P<name>[a-z\-]+(?:-\d+)?)(?::(?P<model>[^\[]+))?(?:\[(?P<args>[^\]]*)\])?$")
 
@@ -122,7 +122,7 @@ def set_aside_cut_line(path: Path, warn=print) -> Path | None:
     return side
 
 
-def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = DEFAULT_DATA, limit: int | None = None,
+def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path | None = None, limit: int | None = None,
              base: dict | None = None, on_bad_line: str = "skip", progress: bool = True, warn=None,
              trust_remote_code: bool = False, registry: ModelRegistry | None = None,
              lines: tuple[int, int] | None = None, concurrency: int = 1) -> Path:
@@ -133,6 +133,7 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path = 
     its decode while sharing the machine (and "in_flight" says with how many; `decode_seconds` is its share)."""
     check_concurrency(concurrency)
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    data_dir = Path(data_dir or find_data_dir())
     examples = read_examples(data_dir / task.folder / task.file, limit, on_bad_line, warn, lines)
     head = (data_dir / task.folder / task.prompt_file).read_text(encoding="utf-8")
     out_dir.mkdir(parents=True, exist_ok=True)

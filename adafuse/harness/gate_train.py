@@ -40,7 +40,7 @@ from ..trace import fused_score
 from ..errors import ConfigError
 from ..gate import FEATURES, Gate, gate_weights, stack
 from ..models import get_model
-from .tasks import (DEFAULT_DATA, REPORT_LINES, TASKS, TRAIN_OFFSET, VALIDATION_LINES, Task, format_lines, parse_lines,
+from .tasks import (data_dir, REPORT_LINES, TASKS, TRAIN_OFFSET, VALIDATION_LINES, Task, format_lines, parse_lines,
                     read_examples)
 
 
@@ -168,7 +168,7 @@ def _gated_scores(r, names: list[str], W: torch.Tensor, b: torch.Tensor,
     return torch.stack(scores), keep
 
 
-def train(models: list, tasks: list[str], out: Path, data: Path = DEFAULT_DATA, steps: int = 300,
+def train(models: list, tasks: list[str], out: Path, data: Path | None = None, steps: int = 300,
           offset: int = TRAIN_OFFSET, per_task: int = 200, seed: int = 0, lr: float = 0.05,
           temperature: float = 0.5, save_every: int = 10, progress: bool = True, log=print,
           init: tuple[float, ...] = (), baseline: str = "self-critical", normalize: str = "token",
@@ -179,6 +179,7 @@ def train(models: list, tasks: list[str], out: Path, data: Path = DEFAULT_DATA, 
     records the curve and the step kept. Models are names or loaded models."""
     lms = _models(models)
     names = [lm.name for lm in lms]
+    data = data or data_dir()
     exs = training_examples(tasks, data, offset, per_task)
     vals = validation_examples(tasks, data, val_lines, val_per_task) if validate_every else []
     n, f = len(names), len(FEATURES)
@@ -317,7 +318,7 @@ def main(argv=None) -> int:
         s = sub.add_parser(name)
         s.add_argument("--task", nargs="+", required=True, choices=list(TASKS), metavar="TASK")
         s.add_argument("--models", nargs="+", default=list(DEFAULT_PAIR), metavar="MODEL")
-        s.add_argument("--data", type=Path, default=DEFAULT_DATA)
+        s.add_argument("--data", type=Path, default=None, help="default: tasks.data_dir()")
         s.add_argument("--offset", type=int, default=TRAIN_OFFSET, help="first data line used (reports use 1..50)")
         s.add_argument("--examples", type=int, default=200, help="training examples per task")
         s.add_argument("--normalize", choices=("token", "word"), default="token",
@@ -346,6 +347,7 @@ def main(argv=None) -> int:
                                        help="weightings to try, one per model each, e.g. 1,1 1,3 1,9")
     sub.choices["search"].add_argument("--json", type=Path, help="write the table here")
     args = p.parse_args(argv)
+    args.data = args.data or data_dir()  # found now, not at import
     if args.offset <= REPORT_LINES[1]:
         print(f"warning: --offset {args.offset} overlaps the reported examples (lines {format_lines(REPORT_LINES)})",
               file=sys.stderr)

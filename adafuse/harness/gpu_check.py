@@ -134,8 +134,8 @@ def main(argv=None) -> int:
                    help=f"prompts of the concurrency part (default: the highest level; distinct up to {PREPARED})")
     args = p.parse_args(argv)
     if args.prepare:
-        from .tasks import DEFAULT_DATA
-        prepare(args.prepare, args.data or DEFAULT_DATA, args.tokenizers)
+        from .tasks import data_dir
+        prepare(args.prepare, args.data or data_dir(), args.tokenizers)
         return 0
     if args.spec is None:
         p.error("--spec FILE is needed to run the check (e.g. experiments/gpu_check.json), or --prepare DIR")

@@ -19,12 +19,17 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("ADAFUSE_VLLM_VENV", ROOT / ".venv-vllm"))
-VLLM = VENV / "bin" / "python"
+
+
+def vllm_venv() -> Path:
+    """vLLM's own virtual environment: $ADAFUSE_VLLM_VENV, else .venv-vllm in the checkout (read when asked)."""
+    return Path(os.environ.get("ADAFUSE_VLLM_VENV", ROOT / ".venv-vllm"))
 
 
 def available() -> bool:
-    return VLLM.exists() and any(VENV.glob("lib/python*/site-packages/vllm/entrypoints/openai/api_server.py"))
+    venv = vllm_venv()
+    return (venv / "bin" / "python").exists() and any(
+        venv.glob("lib/python*/site-packages/vllm/entrypoints/openai/api_server.py"))
 
 
 def _free_port() -> int:
@@ -67,7 +72,7 @@ class Server:
                "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         env.pop("PYTHONPATH", None)
         self.proc = subprocess.Popen(
-            [str(VLLM), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
+            [str(vllm_venv() / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
              "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", "--max-logprobs", "64",
              "--enable-prompt-tokens-details"],
             stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -100,7 +105,7 @@ class Server:
 def start(model: str, name: str | None = None, log: Path | None = None) -> Server:
     """Serve a bundled model (its converted folder) or a model folder with vLLM on a free port."""
     if not available():
-        raise RuntimeError(f"vLLM is not installed in {VENV}: run `./dev vllm` (its own virtual environment)")
+        raise RuntimeError(f"vLLM is not installed in {vllm_venv()}: run `./dev vllm` (its own virtual environment)")
     from ..models import get_model
     path = Path(model)
     if not path.is_dir():

@@ -1,4 +1,5 @@
-"""Benchmark tasks over ../shared/data (or the sample in assets/data): prompt building, answer extraction, scoring."""
+"""Benchmark tasks over ../shared/data (or the sample shipped in the package, harness/sample_data): prompt building,
+answer extraction, scoring. Nothing is read at import: `data_dir()` finds the data when asked."""
 from __future__ import annotations
 
 import json
@@ -9,25 +10,26 @@ from pathlib import Path
 from . import metrics
 from ..errors import AdafuseError, ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
-# The first 20 examples of each task and its prompt file, for machines without the full sets (a Space).
-SAMPLE_DATA = ROOT / "assets" / "data"
-SAMPLE_NOTE = ("sample: the first 20 examples per task in assets/data (the full sets: ../shared/data, or a folder "
-               "given by $ADAFUSE_DATA or --data)")
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, when the package runs from one
+# The first 20 examples of each task and its prompt file, shipped with the package (package data) for machines without
+# the full sets (a Space, a wheel installed anywhere).
+SAMPLE_DATA = Path(__file__).resolve().parent / "sample_data"
+SAMPLE_NOTE = ("sample: the first 20 examples per task shipped with the package (the full sets: ../shared/data, or a "
+               "folder given by $ADAFUSE_DATA or --data)")
 
 
-def find_data(roots: tuple[Path, ...] | None = None) -> Path:
-    """$ADAFUSE_DATA when set (a missing folder is an error when read), else the first `shared/data` in `roots`
-    (default: beside the checkout, i.e. ../shared/data, or above it), else the sample in assets/data."""
+def data_dir(roots: tuple[Path, ...] | None = None) -> Path:
+    """The benchmark data, found now: $ADAFUSE_DATA when set (a missing folder is an error when read), else the first
+    `shared/data` in `roots` (default, in a checkout: beside it, i.e. ../shared/data, or above it; an installed package:
+    none), else the sample shipped with the package."""
     if os.environ.get("ADAFUSE_DATA"):
         return Path(os.environ["ADAFUSE_DATA"])
-    for base in roots if roots is not None else (ROOT.parent, *ROOT.parent.parents, Path("/work")):
+    if roots is None:  # a checkout looks beside and above itself; an installed package has only its sample
+        roots = (ROOT.parent, *ROOT.parent.parents, Path("/work")) if (ROOT / "pyproject.toml").is_file() else ()
+    for base in roots:
         if (base / "shared" / "data").is_dir():
             return base / "shared" / "data"
     return SAMPLE_DATA
-
-
-DEFAULT_DATA = find_data()
 
 # How every data file's lines are split, so that nothing is tuned on what it is scored on: the report's evaluations read
 # the first lines, validation (gate checkpoints, re-checking a shipped gate) the next ones, training the rest.
@@ -58,13 +60,13 @@ class DataError(AdafuseError, ValueError):
     """A data file is missing, unreadable or has a bad line."""
 
 
-def data_source(data_dir: Path | None = None) -> str:
-    """Which data `data_dir` (default: DEFAULT_DATA) is, for a status line: "sample: ..." (assets/data), "full:
-    FOLDER", or "missing: FOLDER"."""
-    data_dir = Path(data_dir or DEFAULT_DATA)
-    if data_dir.resolve() == SAMPLE_DATA.resolve():
+def data_source(folder: Path | None = None) -> str:
+    """Which data `folder` (default: `data_dir()`) is, for a status line: "sample: ..." (the package's sample),
+    "full: FOLDER", or "missing: FOLDER"."""
+    folder = Path(folder or data_dir())
+    if folder.resolve() == SAMPLE_DATA.resolve():
         return SAMPLE_NOTE
-    return f"{'full' if data_dir.is_dir() else 'missing'}: {data_dir}"
+    return f"{'full' if folder.is_dir() else 'missing'}: {folder}"
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,8 @@ def read_examples(path: Path, limit: int | None, on_bad_line: str = "skip", warn
         root, env = path.parent.parent, os.environ.get("ADAFUSE_DATA")
         if env and root == Path(env) and not root.is_dir():
             raise DataError(f"ADAFUSE_DATA={env} is not a folder: point it at one holding nq/, triviaqa/, squad/, "
-                            "gsm8k/, flores/, or unset it to read ../shared/data (else the sample in "
-                            "assets/data)") from exc
+                            "gsm8k/, flores/, or unset it to read ../shared/data (else the sample shipped "
+                            "with the package)") from exc
         raise DataError(f"cannot read {path}: {exc}; pass --data pointing at the folder that holds "
                         f"{path.parent.name}/") from exc
     first, last = lines or (1, None)

@@ -2,7 +2,7 @@
 
 Each YAML is written from `tasks.TASKS` by `task_yaml` (python -m adafuse.harness.lm_eval_tasks rewrites them; a test
 checks they agree), so lm-eval runs a task as `python -m adafuse eval` does: the same data lines (read by
-`read_examples`, from the same folder: $ADAFUSE_DATA, else ../shared/data, else assets/data; lm-eval's
+`read_examples`, from the same folder: $ADAFUSE_DATA, else ../shared/data, else the sample shipped with the package; lm-eval's
 `--metadata '{"data": "DIR"}'` picks another), the same prompt (few-shot prompt file + template), stop strings, word
 cap, answer extraction and metrics (`Task.extract`, `Task.score`; corpus BLEU/chrF for Flores). Nothing here imports
 lm_eval: the YAMLs reach these functions through `!function`.
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from ..metrics import corpus_scores
-from ..tasks import DEFAULT_DATA, TASKS, read_examples
+from ..tasks import TASKS, data_dir, read_examples
 
 HERE = Path(__file__).resolve().parent
 PREFIX = "adafuse_"  # lm-eval task names: adafuse_nq, adafuse_triviaqa, ..., adafuse_flores_de_en
@@ -32,7 +32,7 @@ def load_docs(adafuse_task: str, data: str | None = None, **_metadata):
     (lm-eval's --metadata) is the data folder; the other metadata lm-eval passes (version, model args) is unused."""
     import datasets
     t = TASKS[adafuse_task]
-    folder = Path(data) if data else DEFAULT_DATA
+    folder = Path(data) if data else data_dir()
     head = (folder / t.folder / t.prompt_file).read_text(encoding="utf-8")
     docs = [{"adafuse_task": adafuse_task, "line": no, "question": ex["question"],
              "prompt": t.prompt(head, ex["question"]), "gold": json.dumps(ex["answer"], ensure_ascii=False),
@@ -80,7 +80,7 @@ def task_yaml(name: str) -> str:
     return "\n".join([
         "# Written by `python -m adafuse.harness.lm_eval_tasks` from adafuse/harness/tasks.py: edit TASKS there.",
         f"# `python -m adafuse eval --task {name}` as an lm-eval task: the lines of {t.folder}/{t.file} in the data",
-        "# folder ($ADAFUSE_DATA, else ../shared/data, else assets/data; or --metadata '{\"data\": \"DIR\"}'), the",
+        "# folder ($ADAFUSE_DATA, else ../shared/data, else the package's sample; or --metadata '{\"data\": \"DIR\"}'), the",
         f"# prompt {t.folder}/{t.prompt_file} + the task's template, its stop strings, word cap and metrics.",
         f"task: {task_name(name)}",
         f"tag: {TAG}",

@@ -1,0 +1,369 @@
+"""The page's event handlers: each takes the session (`Explorer`) and the page's values and returns (or yields, while
+it works) the session and what every view shows (`views.render`). The layout and the wiring are in ui.py."""
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import replace
+
+import gradio as gr
+import pandas as pd
+
+from adafuse.gate import load_gate
+from adafuse.models import free_unused_memory
+from adafuse.stops import format_stops, propose_stops
+
+from . import analysis, plots
+from .controller import Explorer, friendly, stop_note, unload
+from .divergence_view import divergence_figure, divergence_html
+from .explain_html import token_view_html
+from .gpu import gpu
+from .plots import count
+from .views import (EXAMPLE_COLUMNS, NORMALIZE, USER, _confirm, _error, _settings, done_with, in_line, loaded_views,
+                    only_status, render, restored, take_slot)
+
+
+@gpu
+def on_load(names, dev, allow):
+    done = []
+    try:
+        for i, n, spec, lm, secs in Explorer(trust_remote_code=bool(allow)).load_each(names, dev):
+            if lm is None:
+                yield "\n\n".join(done + [f"… loading model {i} of {n}: {spec}"])
+            else:
+                done.append(f"✓ {lm.describe()} ({secs:.1f}s)")
+        yield "\n\n".join(done)
+    except Exception as exc:  # noqa: BLE001 - shown to the user, app keeps serving
+        yield "\n\n".join(done + [f"⚠️ {friendly(exc)}"])
+
+
+def on_unload(name):
+    try:
+        msg = unload(name)
+    except Exception as exc:  # noqa: BLE001
+        msg = f"⚠️ {friendly(exc)}"
+    return (msg, *loaded_views())
+
+
+@gpu
+def shown(ex, status: str, **kw):
+    """The outputs for session `ex`, or for the fresh one a Reset made while this handler was still working
+    (its last outputs must not bring the old session back)."""
+    if ex.replaced_by is not None:
+        return (ex.replaced_by, *render(ex.replaced_by, "↺ reset"))
+    return (ex, *render(ex, status, **kw))
+
+
+def failed(ex, exc):
+    """A handler's error, unless a Reset replaced the session meanwhile (then the fresh one is shown)."""
+    return shown(ex, "") if ex.replaced_by is not None else (ex, *_error(ex, exc))
+
+
+def session(ex: Explorer | None, allow) -> Explorer:
+    """The page's session (a new one on a fresh page) with the page's remote-code setting: how every decoding press
+    begins."""
+    ex = ex or Explorer()
+    ex.trust_remote_code = bool(allow)
+    return ex
+
+
+def planned(ex: Explorer, names, s, prompt_text: str, dev, button: str, step: bool = False):
+    """What Run and Step do before decoding: the settings read from the page and what the press would do to the decode
+    on view (`Explorer.plan`). Returns (settings, what changed, outputs asking to press again or None): a press that
+    would drop unfinished rounds, replace an opened trace or start a finished decode over asks first."""
+    cfg = _settings(*s)
+    kind, what = ex.plan(names, cfg, prompt_text, dev, step=step)
+    if kind in ("confirm", "replace", "finished"):
+        return cfg, what, (ex, *render(ex, _confirm(ex, kind, what, button)))
+    return cfg, what, None
+
+
+def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, picked, *s):
+    ex = session(ex, allow)
+    if ex.running:
+        yield (ex, *only_status("A decode is already running in this session: wait, or press ■ Cancel."))
+        return
+    ticket, pressed = None, time.monotonic()  # the status's clock: what the visitor waited, each part named
+    try:
+        cfg, what, asked = planned(ex, names, s, prompt_text, dev, "▶ Run")
+        if asked:
+            yield asked
+            return
+        ex.running, ex.cancel_requested, ex.live_config = True, False, None
+        ticket = yield from in_line(ex, "run")
+        parts, t = {"waiting for a slot": time.monotonic() - pressed}, time.monotonic()
+        if ticket is None:
+            ex.running = False
+            yield shown(ex, "■ left the line: nothing was decoded")
+            return
+        for i, n, spec, lm, secs in ex.load_each(names, dev):  # a cold start says which model it is on
+            if lm is None:
+                yield shown(ex, f"… loading model {i} of {n}: {html.escape(spec)}", export=False)
+            elif secs > 1:
+                yield shown(ex, f"… {html.escape(lm.name)} ready ({secs:.1f}s)", export=False, loaded=True)
+        parts["loading models"], t = time.monotonic() - t, time.monotonic()
+        yield shown(ex, "… reading the prompt", export=False)
+        before = ex.decoding
+        d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
+        changed = f" ({what} from round {d.trace.changes[-1]['from_round']})" if what else ""
+        if d is before and d.pending is not None and picked is not None:  # the step mode's pick goes first
+            r = d.commit(int(picked))
+            changed += f" (round {r.index}: " + ("your pick" if r.overridden else "the winner") + ")"
+        yield shown(ex, f"… decoding{changed}", export=False, loaded=True)
+        moved = ""  # the last settings moved during the Run, said on every round's line after it
+        while not d.done and not ex.cancel_requested and not ex.past_deadline(d):
+            r = d.step()
+            now = ex.apply_live(d)  # settings moved during the Run: from the next round on, marked
+            moved = f" · {now} from round {d.trace.changes[-1]['from_round']}" if now else moved
+            yield shown(ex, f"… round {r.index + 1} · {count(d.trace.words, 'word')}{html.escape(moved)}",
+                        export=False)
+        t = time.monotonic()
+        if not ex.cancel_requested:
+            for label in ex.run_others(names, cfg, prompt_text, other_methods, dev):
+                yield shown(ex, f"… {label} done", export=False)
+        if want_singles and not ex.cancel_requested:
+            for name in ex.run_singles(names, cfg, prompt_text, dev):
+                yield shown(ex, f"… {name} alone done", export=False)
+        parts["the comparisons"] = time.monotonic() - t
+        ex.running = False
+        if ex.cancel_requested and not d.done:  # kept unfinished: Step or Run goes on from these words
+            kept = count(d.trace.words, 'word')
+            yield shown(ex, f"■ cancelled after round {len(d.trace.rounds)}: the {kept} so far "
+                            f"{'is' if d.trace.words == 1 else 'are'} kept — Step › or ▶ Run continues "
+                            "from there, ↺ Reset starts over",
+                        loaded=True)
+            return
+        if ex.cancel_requested:  # the fused decode had finished: only the comparisons were stopped
+            yield shown(ex, f"■ cancelled the comparisons; the fused decode had finished: "
+                            f"{count(d.trace.words, 'word')}, {stop_note(d.trace)}", loaded=True)
+            return
+        named = ", ".join(f"{k} {v:.1f}s" for k, v in parts.items() if v >= 0.1)
+        yield shown(ex, f"✓ done: {count(d.trace.words, 'word')} in {count(len(d.trace.rounds), 'round')} "
+                        f"({d.trace.seconds:.1f}s wall clock of the fused decode; "
+                        f"{time.monotonic() - pressed:.1f}s in all{': ' + named if named else ''}), "
+                        f"{stop_note(d.trace)}", loaded=True)
+    except Exception as exc:  # noqa: BLE001
+        ex.running = False
+        yield failed(ex, exc)
+    finally:  # also when the page goes away mid-run (Gradio closes the handler)
+        ex.running = False
+        done_with(ticket)
+
+
+@gpu
+def on_step(ex, names, dev, allow, prompt_text, picked, *s):
+    ex = session(ex, allow)
+    if ex.running:  # a toast: the running decode keeps writing the status line
+        msg = "Step is not available while ▶ Run is decoding: wait for it to end, or press ■ Cancel first."
+        gr.Warning(msg)
+        return (ex, *only_status(msg))
+    ex.running, ex.cancel_requested = True, False  # Run, Branch, loading wait; Cancel waits for the phase
+    ticket = None
+    try:
+        cfg, what, asked = planned(ex, names, s, prompt_text, dev, "Step ›", step=True)
+        if asked:
+            return asked
+        ticket = take_slot(ex, "step")
+        if ticket is None:
+            ex.running = False
+            return shown(ex, "■ left the line: nothing was stepped")
+        before = ex.decoding
+        d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
+        fresh = d is not before
+        if not fresh and d.pending is not None:
+            r = d.commit(int(picked) if picked is not None else None)
+            note = f"committed round {r.index}" + (" (your override)" if r.overridden else "")
+        else:
+            note = "started" if fresh else f"continued from round {len(d.trace.rounds)}"
+        if what and not fresh:
+            note += f" · {what} from round {d.trace.changes[-1]['from_round']}"
+        if ex.cancel_requested:  # Cancel pressed while this step ran
+            d.cancel()
+            note += "; cancelled"
+        elif not d.done:
+            p = d.propose()
+            note += f"; round {p.index} decided — pick a candidate or press Step to accept the winner"
+        else:
+            note += f"; finished ({stop_note(d.trace)})"
+        ex.running = False
+        return shown(ex, f"› {html.escape(note)}", loaded=True)
+    except Exception as exc:  # noqa: BLE001
+        ex.running = False
+        return failed(ex, exc)
+    finally:
+        ex.running = False
+        done_with(ticket)
+
+
+def on_cancel(ex):
+    ex = ex or Explorer()
+    if ex.request_cancel():  # the run ends itself after the round under way and says so
+        gr.Info("Cancelling after the round under way", duration=4)
+        return (ex, *only_status())
+    return (ex, *render(ex, "nothing is running: Step › or ▶ Run continues the decode on view, ↺ Reset "
+                            "starts over" if ex.trace else "nothing is running"))
+
+
+@gpu
+def on_branch(ex, r_idx, c_idx):
+    ex = ex or Explorer()
+    if ex.running:
+        yield (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before branching."))
+        return
+    ticket = None
+    try:
+        ex.running, ex.cancel_requested = True, False
+        ticket = yield from in_line(ex, "branch")
+        if ticket is None:
+            ex.running = False
+            yield shown(ex, "■ left the line: nothing was branched")
+            return
+        yield shown(ex, f"… branching from round {r_idx}: deciding the rounds before it again", export=False)
+        for label, d in ex.branch(r_idx, c_idx):
+            yield shown(ex, f"… {html.escape(label)}: round {len(d.trace.rounds)} · "
+                            f"{count(d.trace.words, 'word')}", export=False)
+        ex.running = False
+        yield shown(ex, f"✓ {html.escape(label)}: {count(d.trace.words, 'word')} ({stop_note(d.trace)}); "
+                        "see it beside the original under *Fused vs alone*", loaded=True)
+    except Exception as exc:  # noqa: BLE001
+        ex.running = False
+        yield failed(ex, exc)
+    finally:
+        ex.running = False
+        done_with(ticket)
+
+
+@gpu
+def on_tokens(ex, r_idx, c_idx):
+    ex = ex or Explorer()
+    try:
+        return token_view_html(ex.tokens(r_idx, c_idx))
+    except Exception as exc:  # noqa: BLE001
+        return f'<div class="af-empty">⚠️ {html.escape(friendly(exc))}</div>'
+
+
+def on_reset(ex):
+    fresh = Explorer()
+    if ex is not None:
+        ex.cancel_requested = True  # a run still under way stops at its next round
+        ex.replaced_by = fresh      # and whatever it shows last is this fresh session
+    return (fresh, *render(fresh, "↺ reset"))
+
+
+def on_round(ex, idx):
+    ex = ex or Explorer()
+    return plots.pool_figure(ex.trace, int(idx), None), plots.selection_frame(ex.trace, int(idx))
+
+
+def on_upload(ex, file):
+    ex = ex or Explorer()
+    if file is None:
+        return (ex, *only_status())
+    if ex.running:
+        return (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before loading a trace."))
+    try:
+        t = ex.load_trace(file if isinstance(file, str) else file.name)
+        return (ex, *render(ex, f"📂 loaded a trace of {len(t.rounds)} rounds ({', '.join(t.models)})"))
+    except Exception as exc:  # noqa: BLE001
+        return (ex, *_error(ex, exc))
+
+
+@gpu(duration=600)
+def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v, norm,
+            progress=gr.Progress(track_tqdm=True)):
+    from adafuse.harness.evaluate import summarize
+    ex = session(ex, allow)
+    try:
+        rows = ex.evaluate(task_name, n, methods, names,
+                           {"tau": float(tau_v), "max_words": int(m_v), "branches": int(b_v),
+                            "normalize": NORMALIZE.get(norm, norm)}, dev)
+        table = analysis.example_table(rows)
+        labels = sorted({r["method"] for r in rows})
+        members = analysis.members(rows)
+        wrong = sum(analysis.WRONG_BUT_MEMBER in r["labels"] for r in table)
+        first = next((r["line"] for r in table if analysis.WRONG_BUT_MEMBER in r["labels"]),
+                     table[0]["line"] if table else None)
+        return (ex, f"✓ {len(table)} examples × {len(labels)} methods on {task_name}; {wrong} where the "
+                    f"ensemble is wrong and a member right (right: {analysis.rule(task_name)}; NLL averaged "
+                    f"{norm}, as set under Model weights)",
+                pd.DataFrame(summarize(rows)), gr.update(value=analysis.ALL),
+                gr.update(value=pd.DataFrame(table), column_widths=analysis.column_widths(table)),
+                gr.update(value=ex.export_examples(), interactive=True),
+                gr.update(choices=labels, value=analysis.ensemble_method(labels) or labels[0]), first,
+                gr.update(choices=members, value=members[0] if members else None),
+                divergence_figure(rows, members[0]) if members else plots.empty_figure("no member ran"))
+    except Exception as exc:  # noqa: BLE001
+        return (ex, f"⚠️ **Error:** {html.escape(friendly(exc))}", *[gr.update()] * 8)
+    finally:
+        free_unused_memory()
+
+
+def on_filter(ex, show):
+    ex = ex or Explorer()
+    try:
+        table = analysis.example_table(ex.eval_rows, show)
+    except Exception as exc:  # noqa: BLE001
+        return gr.update(), f"⚠️ {html.escape(friendly(exc))}"
+    note = f"{len(table)} example(s): {show}" if ex.eval_rows else "no evaluation yet: press Run evaluation"
+    frame = pd.DataFrame(table) if table else pd.DataFrame(columns=EXAMPLE_COLUMNS)
+    return gr.update(value=frame, column_widths=analysis.column_widths(table) or None), note
+
+
+def on_pick_row(evt: gr.SelectData):
+    row = evt.row_value or []
+    return row[0] if row else gr.update()  # the line column
+
+
+def on_member(ex, member):
+    ex = ex or Explorer()
+    return divergence_figure(ex.eval_rows, member) if ex.eval_rows and member else gr.update()
+
+
+def on_open(ex, line, method):
+    ex = ex or Explorer()
+    keep = [gr.update()] * (4 + len(restored({}, 0)))
+    if ex.running:
+        return (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before opening an example."), *keep)
+    try:
+        methods = ex.open_example(int(line or 0), method)
+        t = ex.trace
+        found, focus, note = analysis.departures_of(t, ex.singles, methods)
+        selected = focus.round if focus else None
+        ex.panel = analysis.example_html(methods, method) + "".join(divergence_html(d) for d in found)
+        out = render(ex, f"📂 example {int(line)} / {html.escape(method)}: {count(len(t.rounds), 'round')} · "
+                         + html.escape(focus.sentence() if focus else note), selected=selected)
+        jump = selected if selected is not None else 0
+        cand = (focus.member if focus and focus.member is not None else t.rounds[jump].chosen) if t.rounds \
+            else 0
+        return (ex, *out, t.prompt, *restored(t.settings, len(t.models)), jump, cand,
+                gr.update(selected="pool" if focus else "compare"))
+    except Exception as exc:  # noqa: BLE001
+        return (ex, *_error(ex, exc), *keep)
+
+
+def on_prompt(text, mode_v, stop_v, proposed):
+    """Raw mode: stop strings proposed from the prompt, unless the stop box holds the user's own (`USER`:
+    the user edited it, even to empty); chat mode drops a proposal (a chat answer spans lines)."""
+    if proposed == USER or (stop_v or "") != (proposed or ""):
+        return gr.update(), proposed
+    new = format_stops(propose_stops(text or "")) if mode_v == "raw" else ""
+    return new, new
+
+
+def on_live(ex, *s):
+    """A setting moved while a Run decodes: live ones apply from the next round (the run marks it), the
+    others wait for the next decode (said at once)."""
+    if ex is None or not ex.running or ex.decoding is None or ex.key is None:
+        return
+    try:
+        cfg = _settings(*s)
+        if cfg.gate and cfg.gate != ex.key[1].gate:  # a gate brings the averaging it was trained with
+            cfg = replace(cfg, normalize=load_gate(cfg.gate).normalize)
+        fixed, waits = ex.offer_live(cfg)
+    except Exception as exc:  # noqa: BLE001
+        gr.Warning(friendly(exc))
+        return
+    if fixed:
+        gr.Warning(f"{', '.join(fixed)} cannot change during a Run: it applies to the next decode")
+    if waits:
+        gr.Info("applies from the next round (marked on the Margins chart)", duration=3)

@@ -1,0 +1,241 @@
+"""What the page shows from a session (`render`), the settings read from the page (`_settings`), the choices its menus
+offer, and the decoding slots a handler waits for: plain functions, no layout and no events here."""
+from __future__ import annotations
+
+import functools
+import html
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from adafuse import DecodeConfig
+from adafuse.errors import AdafuseError, ConfigError
+from adafuse.gate import load_gate
+from adafuse.methods import MAX_MODELS
+from adafuse.models import free_unused_memory
+from adafuse.report import candidate_label
+from adafuse.stops import format_stops, parse_stops
+
+from . import plots
+from .controller import ASSETS, Explorer, friendly, loaded_frame, slots, stop_note
+from .explain_html import tree_html
+
+GATES = ASSETS / "gates"
+
+THINKING = {"template default": None, "on": True, "off": False}
+USER = "\0user"  # the stop box holds what the user typed: never replaced by a proposal
+
+
+def gate_choices() -> list[tuple[str, str]]:
+    """The shipped learned gates (assets/gates/*.json), labelled by the models and tasks they were trained for and by
+    what their validation found on unseen lines (the file's "validated" record): one the record does not find better
+    than equal weights is marked experimental. Files are read again only when they change."""
+    files = sorted(GATES.glob("*.json"))
+    return _gate_choices(tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files))
+
+
+@functools.lru_cache(maxsize=4)
+def _gate_choices(files: tuple[tuple[str, int, int], ...]) -> list[tuple[str, str]]:
+    out = [("none (the weights below)", "")]
+    for path, *_ in files:
+        try:
+            g = load_gate(path)
+        except AdafuseError:
+            continue
+        tasks = ", ".join(g.trained.get("tasks", [])) or "?"
+        per = " · NLL per word" if g.normalize == "word" else ""
+        mark = " (experimental)" if not g.helps else ""
+        out.append((f"{Path(path).stem}{mark}: {' + '.join(g.models)} · trained on {tasks}{per} · {g.summary}", path))
+    return out
+
+
+# the evaluation tables' headers before a run (Gradio shows "1 2 3" for a table without columns)
+EVAL_SUMMARY_COLUMNS = ["task", "method", "n", "score", "sec/example"]
+EXAMPLE_COLUMNS = ["line", "labels", "gold", "question"]
+
+NORMALIZE = {"per token (paper)": "token", "per word": "word"}
+
+
+def gate_normalize(path: str, current: str):
+    """The NLL averaging a picked gate was trained with (its weights are tuned to it); no gate: leave it as it is."""
+    if not path:
+        return current
+    try:
+        norm = load_gate(path).normalize
+    except AdafuseError:
+        return current  # the run reports the bad file
+    return next((label for label, v in NORMALIZE.items() if v == norm), current)
+
+
+def _whole(value, what: str) -> int:
+    """A count typed into a slider's box: a whole number, or a typed error naming the setting (2.5 is not silently 2)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be a whole number, not {value!r}") from None
+    if not v.is_integer():
+        raise ConfigError(f"{what} must be a whole number, not {value!r}")
+    return int(v)
+
+
+def _settings(names, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
+              system, thinking, speculate, normalize, gate, *weights) -> DecodeConfig:
+    picked = [float(w) for w in weights[: len([n for n in names or [] if str(n).strip()])]]
+    if picked and not gate and not any(picked):
+        raise ConfigError("every model's weight is 0: at least one model must count in the fused score")
+    return DecodeConfig(tau=float(tau), max_words=_whole(max_words, "M (most words a confident model commits)"),
+                        branches=_whole(branches, "B (candidates an uncertain model explores)"),
+                        diversity=bool(diversity), exploration=exploration, explore_lambda=float(lam),
+                        max_new_words=_whole(max_new_words, "Max new words"),
+                        max_new_tokens=_whole(max_new_tokens, "Max new tokens"), mode=mode,
+                        stop=parse_stops(stop), system=(system or "").strip(), thinking=THINKING[thinking],
+                        weights=tuple(picked) if len(set(picked)) > 1 else (), gate=gate or "",
+                        speculate=bool(speculate), normalize=NORMALIZE.get(normalize, normalize))
+
+
+def weight_sliders(names):
+    """One weight slider per picked model, labelled by it; the others hidden."""
+    names = [str(n).strip() for n in names or [] if str(n).strip()]
+    return [gr.update(visible=i < len(names), label=f"Weight of {names[i]}" if i < len(names) else "Weight")
+            for i in range(MAX_MODELS)]
+
+
+def _choices(pending) -> list[tuple[str, int]]:
+    if pending is None:
+        return []
+    out = []
+    for i, c in enumerate(pending.candidates):
+        score = "" if c.fused is None else f" · fused {c.fused:.3f}"
+        star = " ★ winner" if i == pending.winner else ""
+        out.append((f"{i}: {candidate_label(c.text, c.eos)}{score} · by {', '.join(c.proposers) or '—'}{star}", i))
+    return out
+
+
+def loaded_views(loaded: bool = True):
+    """The loaded-models table and the unload menu (both left as they are when `loaded` is False)."""
+    if not loaded:
+        return gr.update(), gr.update()
+    frame = loaded_frame()
+    names = list(dict.fromkeys(frame["model"]))
+    return frame, gr.update(choices=names, value=names[-1] if names else None)
+
+
+def render(ex: Explorer, status: str = "", selected: int | None = None, export: bool = True, loaded: bool = False):
+    """Every view from the session's trace, in the order of OUTPUTS. `export=False` while rounds stream in: the
+    trace file for the download button is written once the run ends, not rewritten every round. `loaded`: also
+    refresh the loaded-models table (after models may have loaded or been evicted)."""
+    t, pending = ex.trace, ex.pending
+    n = len(t.rounds) if t else 0
+    if selected is None or selected >= n:  # the latest round that had a real choice to make
+        selected = next((r.index for r in reversed(t.rounds) if len(r.candidates) > 1), n - 1) if t else -1
+    choices = _choices(pending)
+    paused = not ex.running and ex.decoding is not None and not ex.decoding.done and pending is None
+    return (
+        plots.fused_html(t, pending, paused),
+        plots.compare_html(t, ex.singles, ex.others),
+        plots.margins_figure(t),
+        plots.pool_figure(t, selected, pending),
+        plots.words_per_round_figure(t),
+        plots.rounds_frame(t),
+        plots.cost_frame(t, ex.singles),
+        plots.cost_figure(t, ex.singles),
+        # a decode of one round has nothing to pick: no slider over a single value (the pool's title names the round)
+        gr.update(maximum=max(1, n - 1), value=max(0, selected), interactive=n > 1, visible=n > 1),
+        gr.update(choices=choices, value=pending.winner if pending is not None else None,
+                  interactive=bool(choices)),
+        status,
+        gr.update(value=ex.export(), interactive=t is not None) if export else gr.update(),
+        *loaded_views(loaded),
+        gr.update(interactive=ex.running),  # Cancel: only a Run (or branch) in flight has anything to stop
+        tree_html(t, ex.branches),
+        plots.selection_frame(t, selected),
+        ex.panel,
+    )
+
+
+STATUS_AT, CANCEL_AT = 10, 14  # where the status and the Cancel button sit in render()'s tuple
+
+
+def only_status(text: str | None = None) -> tuple:
+    """Leave every view as it is; set the status (None: leave it too)."""
+    out = [gr.update()] * len(render(Explorer()))
+    if text is not None:
+        out[STATUS_AT] = text
+    return tuple(out)
+
+
+def _error(ex: Explorer, exc: BaseException):
+    msg = friendly(exc)
+    gr.Warning(msg)
+    return render(ex, f"⚠️ **Error:** {html.escape(msg)}", loaded=True)
+
+
+def _confirm(ex: Explorer, kind: str, what: str, button: str) -> str:
+    n = len(ex.trace.rounds) if ex.trace else 0
+    if kind == "finished":  # a Step after the end: one more press starts over, on purpose
+        return (f"✓ This decode has finished ({n} rounds, {html.escape(stop_note(ex.trace))}). Press **{button}** "
+                f"again to start a new decode of the prompt box from round 0.")
+    if kind == "replace":  # an opened or loaded trace is not a decode in progress: it can only be replaced
+        return (f"⚠️ The views show {html.escape(what)} ({n} rounds). Press **{button}** again to decode the prompt "
+                f"box anew with the settings on the page (this trace leaves the views), or Download it first.")
+    return (f"⚠️ You changed {html.escape(what)} since this decode began ({n} round(s) so far). Press **{button}** "
+            f"again to drop them and start a new decode, or change it back to go on where you are.")
+
+
+def _example_note(prompt_text, mode, stop, max_words) -> str:
+    stops = ", ".join(repr(x) for x in parse_stops(stop)) or "none"
+    return (f"Example loaded: prompt mode **{mode}**, stop strings {html.escape(stops)}, **Max new words set to "
+            f"{int(max_words)}** (settings panel). Press ▶ Run or Step ›.")
+
+
+def restored(st: dict, n_models: int) -> list:
+    """The page's values for a trace's settings, in the order of build_demo's `restorable`: an opened example Runs
+    again as it was decoded (its method aside: the page decodes AdaFuse)."""
+    gates = {path for _, path in gate_choices()}
+    weights = list(st.get("weights") or ()) or [1.0] * n_models
+    return [st.get("mode", "raw"), format_stops(st.get("stop", ())), st.get("tau", 0.7), st.get("max_words", 3),
+            st.get("branches", 3), st.get("diversity", True), st.get("exploration", "surface"),
+            st.get("explore_lambda", 1.0), st.get("max_new_words", 40), st.get("max_new_tokens", 1024),
+            bool(st.get("speculate", False)),
+            next((k for k, v in NORMALIZE.items() if v == st.get("normalize", "token")), next(iter(NORMALIZE))),
+            st.get("gate", "") if st.get("gate", "") in gates else "", st.get("system", ""),
+            *[weights[i] if i < len(weights) else 1.0 for i in range(MAX_MODELS)]]
+
+
+def in_line(ex: Explorer, kind: str):
+    """Wait for one of the server's decoding slots (`slots()`), a generator: yields the visitor's place in line and a
+    measured estimate (Cancel live: it leaves the line), then returns the ticket holding the slot — None when Cancel
+    or Reset left the line. A handler closed while waiting (the page went away) leaves it too."""
+    ticket = slots().ticket(kind)
+    try:
+        while not slots().try_take(ticket):
+            if ex.cancel_requested:
+                slots().release(ticket)
+                return None
+            out = list(only_status(slots().note(ticket)))
+            out[CANCEL_AT] = gr.update(interactive=True)
+            yield (ex, *out)
+            time.sleep(1)
+    except GeneratorExit:
+        slots().release(ticket)
+        raise
+    ex.hold_slot()
+    return ticket
+
+
+def done_with(ticket: int | None) -> None:
+    """A decoding handler ends: its slot goes to the next visitor, and the memory its decodes freed goes back to the
+    system (a page's finished decodes keep no caches: see `Decoding._close`)."""
+    slots().release(ticket)
+    free_unused_memory()
+
+
+def take_slot(ex: Explorer, kind: str) -> int | None:
+    """`in_line` for a handler that returns once (Step): it waits without a status of its own."""
+    waiting = in_line(ex, kind)
+    while True:
+        try:
+            next(waiting)
+        except StopIteration as done:
+            return done.value
