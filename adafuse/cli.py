@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, metavar="N",
                     help="decodes in flight at once: their forwards are shared (models/batching.py); rows are written "
                          "in the data's order all the same. On a 2-core CPU examples per minute rose up to 4 in flight "
-                         "and stayed level at 8 (python -m adafuse.harness.bench --concurrency 1 2 4 8 16; README, "
-                         "'Many decodes at once'); a GPU gains further. 1: one at a time")
+                         "and stayed level at 8 (python -m adafuse.harness.bench --concurrency 1 2 4 8 16; "
+                         "docs/many-decodes.md); a GPU gains further. 1: one at a time")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.add_argument("--debug", action="store_true", help="show full stack traces on errors")
     return p

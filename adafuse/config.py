@@ -70,7 +70,8 @@ class DecodeConfig:
     # speculative proposals: before a confident model writes its span it verifies the spans the models before it
     # proposed this round (and its own continuation left from the last round) in one batched forward, and takes their
     # tokens where they are its own greedy choice; the decode is the same, with fewer forward passes. On by default:
-    # measured no slower on short answers and 26–30 % faster on a mix with long ones (README, "Speculative proposals")
+    # measured no slower on short answers and 26–30 % faster on a mix with long ones (docs/performance.md,
+    # "Speculative proposals")
     speculate: bool = True
     # with `speculate`: also verify what followed the latest earlier occurrence of the answer's last words in the prompt
     # and the answer (prompt lookup; answers that copy from their question or repeat a format), not only the models'

@@ -12,7 +12,7 @@ from .models.batching import run_lean
 
 T = TypeVar("T")
 # Decodes in flight by default: on a 2-core CPU with the bundled pair, examples per minute rose up to 8 and no further
-# (python -m adafuse.harness.bench --concurrency 1 2 4 8 16; README, Many decodes at once).
+# (python -m adafuse.harness.bench --concurrency 1 2 4 8 16; docs/many-decodes.md).
 DEFAULT_CONCURRENCY = 8
 # Seconds one decode may hold a slot of a shared service (`adafuse serve --timeout`, the app's decoding slots): then it
 # stops before its next round with the stop reason "deadline", keeping what it decided

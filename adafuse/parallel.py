@@ -91,11 +91,11 @@ class Workers:
     False) one after another in the caller's thread; with the same torch thread budget the two ways give the same
     numbers bit for bit. A single model runs in the caller's thread. `parallel` None: side by side when every model
     computes in a place of its own (its own GPU, its own server, or the only one on this machine's CPU); models that
-    share one GPU go one after another (two 8B models on one H200 took 1.2–1.8× longer per word side by side: README,
-    GPU check); models that share this machine's CPU go side by side when a short probe measures it faster by
-    `SIDE_BY_SIDE_GAIN` (`measure_cpu_side_by_side`: on one 2-core machine a model ran 1.65× faster on two threads than
-    on one, so taking turns won; on another, two threads were no faster than one and side by side took 0.7× the
-    time)."""
+    share one GPU go one after another (two 8B models on one H200 took 1.2–1.8× longer per word side by side:
+    docs/performance.md, GPU); models that share this machine's CPU go side by side when a short probe measures it
+    faster by `SIDE_BY_SIDE_GAIN` (`measure_cpu_side_by_side`: on one 2-core machine a model ran 1.65× faster on two
+    threads than on one, so taking turns won; on another, two threads were no faster than one and side by side took 0.7×
+    the time)."""
 
     def __init__(self, models: Sequence, parallel: bool | None = None, threads: int | None = None,
                  probe: bool = True):

@@ -135,8 +135,9 @@ def build(results: Path, docs: Path) -> Path:
                    "single model's, task by task: " + ", ".join(f"{t} {r:.2f}" for t, r in ratios)
                    + ". These are wall seconds per example over words (decoded one at a time): they include prefilling both models' prompts "
                    "(a single model prefills one) and ME samples at temperature 1, which writes words of more tokens; "
-                   "the runs also shared the CPUs with other jobs. The README's benchmark measures decode seconds per "
-                   "word with greedy words, where ME's point (about one model's work per word) can be checked.")
+                   "the runs also shared the CPUs with other jobs. The benchmark in docs/performance.md measures "
+                   "decode seconds per word with greedy words, where ME's point (about one model's work per word) can "
+                   "be checked.")
     out += _empties(rows, results, order, tasks, singles, obs)
     fig = go.Figure()
     for t in tasks:

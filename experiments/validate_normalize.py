@@ -223,7 +223,7 @@ def document(result: dict) -> str:
         "",
         "Per word, the end of the answer is one word with its own NLL, and on a bare question ending at once often beats "
         "every first word; per token, a word with an unsure first token and a sure tail (\" 1.\") can win and start "
-        "a list. The README's *NLL per word* shows one bare question where per word is right.",
+        "a list. docs/weights-and-gates.md's *NLL per word* shows one bare question where per word is right.",
         "",
     ])
 

@@ -1,6 +1,7 @@
-"""README.md's examples as tests run them: each ```python and ```bash block carries a marker on the line before it,
-`<!-- runs: GROUP -->` (a test runs it: `library` as it is, `serve` against a plain `adafuse serve`, `app` against the
-app) or `<!-- not run: why -->`, and what its comments quote is checked against what it prints:
+"""The examples of README.md and of the pages under docs/ as tests run them: each ```python and ```bash block carries
+a marker on the line before it, `<!-- runs: GROUP -->` (a test runs it: `library` as it is, `serve` against a plain
+`adafuse serve`, `app` against the app) or `<!-- not run: why -->`, and what its comments quote is checked against
+what it prints:
 
 - python: a line `print(...)  # "text" ...` — what that line prints (all its calls, as printed) starts with the
   string literal that begins the comment;
@@ -20,26 +21,37 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 MARK = re.compile(r"<!-- (runs: (?P<group>[\w-]+)|not run: (?P<why>.+?)) -->")
 PAIR = re.compile(r'"(?P<key>[\w.]+)": (?P<value>"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?|\[[^\]]*\]|null|true|false)')
 
 
+def pages() -> list[Path]:
+    """README.md, then every page under docs/ (what a block's location is relative to: the repository root)."""
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
 @dataclass
 class Example:
-    line: int            # the README line of the opening fence
+    line: int            # the line of the opening fence in its page
     lang: str            # "python" or "bash"
     code: str
     group: str | None    # None: not run
     why: str = ""
+    where: str = "README.md"   # the page, relative to the repository root (docs/server.md, ...)
 
     def __str__(self) -> str:
-        return f"README.md:{self.line} ({self.lang})"
+        return f"{self.where}:{self.line} ({self.lang})"
 
 
-def examples(text: str | None = None) -> list[Example]:
-    """Every python and bash block with its marker; a block without one is an error naming its line."""
-    lines = (README.read_text(encoding="utf-8") if text is None else text).splitlines()
+def examples(text: str | None = None, where: str = "README.md") -> list[Example]:
+    """Every python and bash block with its marker, in README.md and every page under docs/ (or in `text`, read as
+    the page `where`); a block without one is an error naming its page and line."""
+    if text is None:
+        return [e for page in pages()
+                for e in examples(page.read_text(encoding="utf-8"), page.relative_to(ROOT).as_posix())]
+    lines = text.splitlines()
     out, i = [], 0
     while i < len(lines):
         fence = re.fullmatch(r"```(\w*)", lines[i])
@@ -50,10 +62,10 @@ def examples(text: str | None = None) -> list[Example]:
         if fence.group(1) in ("python", "bash"):
             mark = MARK.fullmatch(lines[i - 1].strip()) if i else None
             if mark is None:
-                raise AssertionError(f"README.md:{i + 1}: a {fence.group(1)} block needs `<!-- runs: GROUP -->` or "
+                raise AssertionError(f"{where}:{i + 1}: a {fence.group(1)} block needs `<!-- runs: GROUP -->` or "
                                      "`<!-- not run: why -->` on the line before it")
             out.append(Example(i + 1, fence.group(1), "\n".join(lines[i + 1:end]) + "\n", mark.group("group"),
-                               mark.group("why") or ""))
+                               mark.group("why") or "", where))
         i = end + 1
     return out
 

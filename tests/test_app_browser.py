@@ -361,7 +361,7 @@ def test_speculative_proposals_are_on_and_show_their_drafts_in_the_cost_view(pag
     pg.reload()  # every setting at its default (an opened example restores its own, speculation off included)
     pg.get_by_text("AdaFuse Explorer").first.wait_for()
     fresh(pg, "QA · author of Hamlet", "Hamlet")
-    assert pg.locator("#af-speculate input").is_checked()  # the default (README: measured never slower)
+    assert pg.locator("#af-speculate input").is_checked()  # the default (docs/performance.md: measured never slower)
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done")
     open_tab(pg, "Rounds & cost")
@@ -402,7 +402,7 @@ def test_narrow_screen_puts_the_prompt_first_and_nothing_overflows(page, tmp_pat
 
 
 def test_the_running_app_serves_named_api_endpoints(server):
-    """A script drives a decode through the app itself with gradio_client (README's example)."""
+    """A script drives a decode through the app itself with gradio_client (docs/app.md's example)."""
     from gradio_client import Client
     client = Client(server, verbose=False)
     out = client.predict("Question: What is the capital of France?\nAnswer:", "smollm2-135m-instruct,gemma3-270m",

@@ -192,7 +192,7 @@ def test_four_visitors_running_at_once_each_get_the_answer_they_get_alone(page):
 
 
 def test_the_readmes_script_example_gets_the_apps_answer(server):
-    """README.md's gradio_client example (`runs: app`), as written but for the app's address."""
+    """docs/app.md's gradio_client example (`runs: app`), as written but for the app's address."""
     from tests.readme import examples, run_python
     for ex in (e for e in examples() if e.group == "app"):
         run_python(ex, {"http://127.0.0.1:7860/": server if server.endswith("/") else server + "/"})

@@ -300,10 +300,10 @@ def test_a_de_en_answer_that_ends_at_once_is_one_event_scored_by_the_end_alone(p
 
 
 def test_the_newcomers_raw_question_per_token_and_per_word(hamlet, pair):
-    """The case per word wins (README, "NLL per word"; per token stays the default everywhere, measured over many
-    such questions in docs/defaults.md): on the bundled pair the bare prompt "Question: Who wrote Hamlet?\\nAnswer:"
-    answers a numbered list per token — the paper's rule lets " 1." (an unsure " 1", a sure ".") beat " Shakespeare" —
-    and " Shakespeare", then stops at the newline, per word."""
+    """The case per word wins (docs/weights-and-gates.md, "NLL per word"; per token stays the default everywhere,
+    measured over many such questions in docs/defaults.md): on the bundled pair the bare prompt "Question: Who wrote
+    Hamlet?\\nAnswer:" answers a numbered list per token — the paper's rule lets " 1." (an unsure " 1", a sure ".") beat
+    " Shakespeare" — and " Shakespeare", then stops at the newline, per word."""
     by_token, _ = hamlet
     first = by_token.rounds[0]
     scores = {c.text: c.fused for c in first.candidates}

@@ -101,17 +101,17 @@ def test_subjects_are_the_shipped_gates_and_the_reported_static_weightings():
     assert any("adafuse+weights" in s["report"] for s in static)
 
 
-def test_the_readme_and_the_shipped_gate_files_say_the_same_validated_numbers():
-    """The README quotes each shipped gate's validation summary as the file records it (the app's menu shows the same
-    text): after a new validation run, a stale README fails here instead of overselling a gate."""
+def test_the_docs_and_the_shipped_gate_files_say_the_same_validated_numbers():
+    """docs/weights-and-gates.md quotes each shipped gate's validation summary as the file records it (the app's menu
+    shows the same text): after a new validation run, a stale page fails here instead of overselling a gate."""
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
-    readme = (root / "README.md").read_text()
+    page = (root / "docs" / "weights-and-gates.md").read_text(encoding="utf-8")
     gates = sorted((root / "assets" / "gates").glob("*.json"))
     assert gates
     for path in gates:
         v = json.loads(path.read_text())["validated"]
-        assert f"`assets/gates/{path.name}` — {v['summary']}." in readme, path.name
+        assert f"`assets/gates/{path.name}` — {v['summary']}." in page, path.name
         assert v["summary"].startswith("helps" if v["helps"] else "experimental")
 
 

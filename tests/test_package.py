@@ -108,7 +108,7 @@ def test_no_function_of_the_library_or_the_app_is_over_80_lines():
 
 
 # Model names (the embedded pair, the paper's members), issue numbers, targets and verdicts belong to the catalog
-# file, the README and experiments/, never to the library's code.
+# file, the README, docs/ and experiments/, never to the library's code.
 FORBIDDEN = [
     (r"SmolLM|smollm|Gemma|gemma|Qwen|qwen3|Llama-3|llama-3|Mistral-7B|mistral-7b|Mistral-7B-Instruct", "a model name"),
     (r"[Ii]ssues? *#?\d+|\(#\d+\)", "an issue number"),

@@ -82,7 +82,7 @@ def test_the_default_puts_models_side_by_side_only_in_places_of_their_own():
         device = torch.device("cuda", 1)
 
     assert not Workers([FakeModel(), FakeModel()]).parallel  # they share this machine's CPU and cannot be measured
-    assert not Workers([OnGPU(), OnGPU()]).parallel  # one shared GPU: measured slower side by side (README)
+    assert not Workers([OnGPU(), OnGPU()]).parallel  # one shared GPU: measured slower (docs/performance.md)
     mixed = Workers([FakeModel(), OnGPU()])
     assert mixed.parallel and mixed.threads == max(1, len(__import__("os").sched_getaffinity(0)))
     mixed.close()

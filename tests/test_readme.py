@@ -1,19 +1,22 @@
-"""README.md's examples run as written (tests/readme.py): the library's and the command line's on the bundled pair, the
-server's against `adafuse serve` started as the README starts it (a free port instead of 8000/8931); the app's runs in
-tests/test_app_e2e.py against the app on the bundled pair. Each checks what its comments quote."""
+"""The examples of README.md and docs/*.md run as written (tests/readme.py): the library's and the command line's on the
+bundled pair, the server's against `adafuse serve` started as the README starts it (a free port instead of 8000/8931);
+the app's runs in tests/test_app_e2e.py against the app on the bundled pair. Each checks what its comments quote. The
+pages' relative links lead to files (and headings) that exist."""
 from __future__ import annotations
+
+import re
 
 import httpx
 import pytest
 
-from tests.readme import Example, commands, examples, run_bash, run_python
+from tests.readme import README, ROOT, Example, commands, examples, pages, run_bash, run_python
 
 GROUPS = {"library", "serve", "app"}  # the groups some test runs (this module, and test_app_e2e.py for "app")
 
 
 def _group(name: str) -> list[Example]:
     found = [e for e in examples() if e.group == name]
-    assert found, f"README.md has no example marked `runs: {name}`"
+    assert found, f"neither README.md nor a page under docs/ has an example marked `runs: {name}`"
     return found
 
 
@@ -25,6 +28,63 @@ def test_every_example_says_whether_it_runs_and_a_test_runs_its_group():
     assert all(e.why for e in found if e.group is None)
     with pytest.raises(AssertionError, match="README.md:3: a python block needs"):
         examples("text\n\n```python\nprint(1)\n```\n")
+    with pytest.raises(AssertionError, match="docs/x.md:3: a bash block needs"):
+        examples("text\n\n```bash\nls\n```\n", "docs/x.md")
+    assert {e.where for e in found} > {"README.md"}  # the pages under docs/ are read too
+    first = next(e for e in found if e.group == "library")
+    assert (first.where, first.lang) == ("README.md", "python")  # the README opens with the library example
+
+
+@pytest.mark.unit
+def test_the_readme_reads_in_five_minutes():
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 300, "move the detail to a page under docs/"
+
+
+def _anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings (lower case, punctuation dropped, spaces to hyphens, -1, -2, ...
+    for repeats); headings inside code blocks do not count."""
+    out, seen, fence = set(), {}, False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        m = None if fence else re.match(r"#{1,6} (.+)", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def _links(text: str) -> list[tuple[int, str]]:
+    """(line, target) of every markdown link and image outside code blocks and code spans."""
+    out, fence = [], False
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fence = not fence
+            continue
+        if not fence:
+            out += [(i, m.group(1)) for m in re.finditer(r"\]\(([^)\s]+)\)", re.sub(r"`[^`]*`", "", line))]
+    return out
+
+
+@pytest.mark.unit
+def test_every_relative_link_of_the_readme_and_the_docs_leads_somewhere():
+    broken = []
+    for page in pages():
+        for line, target in _links(page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):
+                continue  # http:, https:, mailto:
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)}:{line}: {target}"
+            if not dest.exists():
+                broken.append(f"{where} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text(encoding="utf-8")):
+                broken.append(f"{where} (no such heading)")
+    assert not broken, "\n".join(broken)
+    assert _anchors("# A b (`c.py`, d's)\n```\n# not a heading\n```\n## A b (`c.py`, d's)\n") == \
+        {"a-b-cpy-ds", "a-b-cpy-ds-1"}
 
 
 @pytest.mark.unit

@@ -26,9 +26,9 @@ class CpuLinear(torch.nn.Linear):
     row on one thread (a 262k × 640 output layer: 41 ms a row) where W @ xᵀ reads W once for all of them (25 ms for
     one or two rows); inner layers fed 1–32 positions run faster so when the process has two or more threads (whole
     forwards at 1,500 tokens of context: 4 positions about 1.5×, 5–32 positions 5–30 % faster; with one thread,
-    slower: there they stay as they are). Other machines measure the opposite (README, CPU kernels), hence a choice
-    recorded per machine (`choose_linears`). The same weights (tied embeddings stay tied); the results differ from
-    `F.linear`'s in the last bits (another summation order). With gradients on: `F.linear` itself."""
+    slower: there they stay as they are). Other machines measure the opposite (docs/models-and-devices.md, CPU kernels),
+    hence a choice recorded per machine (`choose_linears`). The same weights (tied embeddings stay tied); the results
+    differ from `F.linear`'s in the last bits (another summation order). With gradients on: `F.linear` itself."""
     one = False        # a single row as W @ xᵀ too (doubled: one column takes MKL's slow path)
     most = 1 << 30     # W @ xᵀ up to this many rows
     threads = 1        # ... when the process runs at least this many torch threads
