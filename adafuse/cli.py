@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .config import DecodeConfig
-from .methods import METHODS
+from .method_registry import METHODS, own_settings
 from .errors import AdafuseError
 from .many import DEFAULT_CONCURRENCY, check_concurrency
 from .models import BUNDLED, DEFAULT_PAIR
@@ -97,9 +97,14 @@ def add_decode_args(p: argparse.ArgumentParser, **helps: str) -> None:
     p.add_argument("--max-words", type=int, default=d.max_words, help="M: most words a confident model commits")
     p.add_argument("--branches", type=int, default=d.branches, help="B: candidates an uncertain model explores")
     p.add_argument("--no-diversity", action="store_true", help="beam search instead of distinct first tokens")
-    p.add_argument("--method", choices=METHODS, default=d.method,
-                   help="decoding method: " + "; ".join(f"{k}: {v.summary}" for k, v in METHODS.items()))
-    p.add_argument("--span-words", type=int, default=d.span_words, help="n for --method fixed-span")
+    p.add_argument("--method", default=d.method, metavar="SPEC",
+                   help="decoding method, with its own settings in brackets or as the flags below (e.g. fixed-span-2, "
+                        "mixture[seed=3]): " + "; ".join(f"{k}: {v.summary}" for k, v in METHODS.items()))
+    for name, owners in own_settings().items():  # each method's own settings (adafuse/methods.py)
+        f = owners[0][1]
+        p.add_argument("--" + name.replace("_", "-"), type=type(f.default), metavar=name.split("_")[-1].upper(),
+                       default=argparse.SUPPRESS,
+                       help=f"{f.metadata['help']} (--method {', '.join(m for m, _ in owners)}; default {f.default})")
     p.add_argument("--system", default=d.system, metavar="TEXT", help=say["system"])
     p.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=d.thinking,
                    help="chat mode: turn the template's enable_thinking switch on or off; unset: the template's default")
@@ -141,13 +146,15 @@ def check_weights(weights, models) -> None:
 def decode_config(args: argparse.Namespace, **fields) -> DecodeConfig:
     """The settings `add_decode_args` took (and `fields`), checked against --models before any model loads."""
     from .stops import parse_stops
-    METHODS[args.method].check_count(args.method, len(args.models))
-    cfg = DecodeConfig(tau=args.tau, max_words=args.max_words, branches=args.branches, diversity=not args.no_diversity,
-                       method=args.method, span_words=args.span_words, max_new_words=args.max_new_words,
-                       max_new_tokens=args.max_new_tokens, max_word_tokens=args.max_word_tokens,
-                       stop=tuple(x for s in args.stop for x in parse_stops(s)), system=_unescape(args.system),
-                       thinking=args.thinking, weights=tuple(args.weights), gate=args.gate, speculate=args.speculate,
-                       draft_lookup=not args.no_draft_lookup, normalize=args.normalize, **fields)
+    own = {k: getattr(args, k) for k in own_settings() if hasattr(args, k)}
+    cfg = DecodeConfig.of(tau=args.tau, max_words=args.max_words, branches=args.branches,
+                          diversity=not args.no_diversity, method=args.method, max_new_words=args.max_new_words,
+                          max_new_tokens=args.max_new_tokens, max_word_tokens=args.max_word_tokens,
+                          stop=tuple(x for s in args.stop for x in parse_stops(s)), system=_unescape(args.system),
+                          thinking=args.thinking, weights=tuple(args.weights), gate=args.gate,
+                          speculate=args.speculate, draft_lookup=not args.no_draft_lookup, normalize=args.normalize,
+                          **own, **fields)
+    cfg.method_class.check_count(len(args.models))
     check_weights(cfg.weights, args.models)
     return cfg
 

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
+from . import method_registry
 from .errors import ConfigError
-from .methods import METHODS
+
 MODES = ("raw", "chat")
 EXPLORATIONS = ("surface", "embedding")
 NORMALIZATIONS = ("token", "word")
@@ -41,10 +42,10 @@ class DecodeConfig:
     # chat mode: the template's `enable_thinking` switch (think first, or answer directly); None leaves the
     # template's default, and templates without the switch ignore it
     thinking: bool | None = None
-    # a name of the method registry, adafuse/methods.py `METHODS` (each method's `summary` says what it does)
+    # the method and its own settings, as a spec of the method registry (adafuse/method_registry.py; each method's
+    # `summary` says what it does): "adafuse", "fixed-span-2", "mixture[seed=3,temperature=0.5]"; kept in the
+    # shortest form (`method_registry.to_spec`), its settings in `method_settings`
     method: str = "adafuse"
-    # n for method "fixed-span"
-    span_words: int = 1
     # score the pool even when it holds a single candidate (costs forwards, fills the trace)
     score_single: bool = False
     # how many top tokens exploration looks through for B distinct first tokens
@@ -55,12 +56,6 @@ class DecodeConfig:
     exploration: str = "surface"
     # λ for exploration "embedding": the redundancy penalty's weight in nats (0: the surface strategy exactly)
     explore_lambda: float = 1.0
-    # k for method "token-union": each model's top-k next tokens enter the union
-    union_top_k: int = 5
-    # random seed for method "mixture" (models are drawn with equal weight unless `weights` is given)
-    seed: int = 0
-    # method "mixture": the drawn model samples its word at this temperature (0: greedily)
-    temperature: float = 1.0
     # per-model weights (empty: equal): the scored methods (adafuse, beam, fixed-span) fuse Σ w·NLL / Σ w; "mixture"
     # draws its writer with these odds
     weights: tuple[float, ...] = ()
@@ -90,14 +85,10 @@ class DecodeConfig:
             raise bad("tau", self.tau, "use a margin threshold between 0 and 1 (default 0.7)")
         for name, low, high in (("max_words", 1, 64), ("branches", 1, 32), ("max_new_words", 1, 100_000),
                                 ("max_new_tokens", 1, 1_000_000), ("max_word_tokens", 1, 256),
-                                ("span_words", 1, 64), ("explore_top_k", 1, 10_000), ("union_top_k", 1, 1000),
-                                ("seed", 0, 2**31 - 1)):
+                                ("explore_top_k", 1, 10_000)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise bad(name, value, f"use a whole number from {low} to {high}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
-                or not 0.0 <= self.temperature <= 10.0:
-            raise bad("temperature", self.temperature, "use a number from 0 (greedy) to 10")
         if self.mode not in MODES:
             raise bad("mode", self.mode, f"use one of {', '.join(MODES)}")
         if not isinstance(self.system, str):
@@ -111,8 +102,9 @@ class DecodeConfig:
                 or not 0.0 <= self.explore_lambda <= 100.0:  # NaN and ±inf fail the range check too
             raise bad("explore_lambda", self.explore_lambda, "use a number from 0 (surface order) to 100 (default 1)")
         object.__setattr__(self, "explore_lambda", float(self.explore_lambda))
-        if self.method not in METHODS:
-            raise bad("method", self.method, f"use one of {', '.join(METHODS)}")
+        cls, settings = method_registry.from_spec(self.method)
+        object.__setattr__(self, "method", method_registry.to_spec(cls, settings))
+        object.__setattr__(self, "_method", (cls, settings))  # not a field: equal specs, equal configs
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if any(not isinstance(s, str) or s == "" for s in stop):
             raise bad("stop", self.stop, "stop strings must be non-empty strings")
@@ -131,6 +123,31 @@ class DecodeConfig:
             raise bad("gate", self.gate, "use the path of a gate file, or an empty string for none")
         if self.explore_top_k < self.branches:
             object.__setattr__(self, "explore_top_k", self.branches)
+
+    @property
+    def method_class(self) -> type:
+        """The method's class in the registry (adafuse/methods.py)."""
+        return self._method[0]
+
+    @property
+    def method_settings(self) -> method_registry.MethodSettings:
+        """The method's own settings (its class's frozen `Settings`)."""
+        return self._method[1]
+
+    @classmethod
+    def of(cls, base: "DecodeConfig | None" = None, **values) -> "DecodeConfig":
+        """Settings given flat, as a CLI, a request or lm-eval's model_args give them: DecodeConfig's fields and the
+        method's own settings by name (`method="fixed-span", span_words=2` is `method="fixed-span-2"`), over `base`
+        (default: the defaults)."""
+        base = base if base is not None else cls()
+        own = {k: values.pop(k) for k in list(values) if k not in cls.__dataclass_fields__}
+        for k, v in own.items():
+            if k not in method_registry.setting_names():
+                raise ConfigError(f"{k}={v!r} is not a setting: use a decoding setting ({', '.join(cls.__dataclass_fields__)}) "
+                                  f"or a method's own ({', '.join(method_registry.setting_names())})")
+        if own:
+            values["method"] = method_registry.canonical(values.get("method", base.method), **own)
+        return replace(base, **values)
 
     def view_args(self) -> tuple:
         """How each model reads the prompt: `LoadedModel.open_view`'s arguments after it."""
@@ -152,6 +169,7 @@ class DecodeConfig:
         for key in ("stop", "weights"):
             if key in known:
                 known[key] = tuple(known[key])
+        known["method"] = method_registry.legacy(d)  # a method's own settings kept beside the others before
         return cls(**known)
 
 

@@ -14,7 +14,7 @@ from .errors import ConfigError, PromptError
 from .gate import Gate, entropy, features, load_gate
 from .models import LoadedModel
 from .models.batching import Rider, working
-from .methods import METHODS, Method, Proposed, RoundContext, make_method
+from .methods import Method, Proposed, RoundContext, make_method
 from .parallel import Workers
 from .scoring import score_candidates
 from .trace import Candidate, ModelStep, Round, StepMode, StopReason, Trace, fused_score, lowest
@@ -36,7 +36,7 @@ class Decoding:
         self.config = config
         self.models = list(models)
         self.names = unique_names(self.models)
-        kind = METHODS[config.method]
+        kind = config.method_class
         if not isinstance(prompt, str) or not prompt.strip():
             raise PromptError("the prompt is empty: type a question or pick an example")
         self._gates: dict[str, Gate] = {}  # the gate files this decode read and checked, by path

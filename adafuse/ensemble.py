@@ -9,20 +9,20 @@ from .config import DecodeConfig
 from .decoder import Decoding
 from .models import LoadedModel, get_model
 from .many import DEFAULT_CONCURRENCY, run_many
-from .methods import METHODS
+from .methods import Greedy
 from .replay import branch_from
 from .trace import Round, Trace
 
 
 class AdaFuse:
-    """Word-level ensemble decoding of 2 to 4 causal LMs (or one model with method="greedy")."""
+    """Word-level ensemble decoding of 2 to 4 causal LMs (or one model alone with method="greedy")."""
 
     def __init__(self, models: Sequence[LoadedModel | str], config: DecodeConfig | None = None,
                  parallel: bool | None = None, threads: int | None = None, **settings):
         if isinstance(models, (str, LoadedModel)):
             models = [models]
-        config = replace(config, **settings) if config is not None else DecodeConfig(**settings)
-        METHODS[config.method].check_count(config.method, len(models))
+        config = DecodeConfig.of(config, **settings) if settings or config is None else config
+        config.method_class.check_count(len(models))
         self.models = [get_model(m) if isinstance(m, str) else m for m in models]
         self.config = config
         self.parallel = parallel  # models side by side, one worker each (False: one after another; None: choose)
@@ -54,5 +54,5 @@ class AdaFuse:
 
 def greedy(model: LoadedModel | str, prompt: str, config: DecodeConfig | None = None) -> Trace:
     """One model alone through the same machinery (same words, stops and costs)."""
-    cfg = replace(config or DecodeConfig(), method="greedy", weights=(), gate="")  # alone: no ensemble weights
+    cfg = replace(config or DecodeConfig(), method=Greedy.name, weights=(), gate="")  # alone: no ensemble weights
     return AdaFuse([model], cfg).generate(prompt)

@@ -11,7 +11,7 @@ from .config import DecodeConfig
 from .decoder import unique_names
 from .errors import ConfigError
 from .models import LoadedModel, get_model
-from .methods import METHODS
+from .method_registry import from_spec, legacy
 from .report import candidate_label
 from .scoring import END_MARK, feed_from, place, read_ids, score_candidates, token_logprob
 from .trace import Candidate, Round, Trace, Unscored
@@ -162,6 +162,6 @@ def why_empty(trace: Trace, weights: str = "weights") -> str:
                                             and c.nll[keen] < end.nll[keen] for c in texts)
     if r.features:
         out += ". The learned gate set this round's weights"
-    elif prefers_text and getattr(METHODS.get(trace.settings.get("method", "adafuse")), "weighted", False):
+    elif prefers_text and from_spec(legacy(trace.settings))[0].weighted:
         out += f". Weigh {keen} more ({weights}), or the others less, to hear its answer"
     return out

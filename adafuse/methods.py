@@ -1,7 +1,9 @@
 """Decoding methods: one registry by name, one object per decode, each deciding what its models do in a round.
 
-`METHODS` maps `DecodeConfig.method` to a `Method` class; the decoder makes one per decode (`make_method`) and hands
-it a `RoundContext` each round, never its own internals; the CLI, the harness and the app read the same registry. The decoder runs every method the same way: the models the
+Each method class registers itself once (`@register`, adafuse/method_registry.py) under its `name`, with its own frozen
+`Settings`; `DecodeConfig.method` is a spec naming one ("fixed-span-2", "mixture[seed=3]"). The decoder makes one
+object per decode (`make_method`) and hands it a `RoundContext` each round, never its own internals; the CLI, the
+harness, lm-eval, the server and the app read the same registry. The decoder runs every method the same way: the models the
 method lets act this round propose (`propose`), the pool is the union of their proposals, and every model scores it
 when the method scores; a method that builds its whole round itself (token union) returns it from `own_round`.
 """
@@ -18,6 +20,7 @@ import torch
 
 from .candidates import Proposal, beam, explore, greedy_span, sample_word
 from .errors import ConfigError
+from .method_registry import MethodSettings, register, setting
 from .selection import check_exploration
 from .trace import Candidate, ModelStep, StepMode
 from .view import ModelView
@@ -56,8 +59,11 @@ class Proposed:
 
 class Method:
     """A proposer: every model acts every round, the pool is scored by every model."""
+    name = ""                    # its name in the registry and in specs
+    Settings = MethodSettings    # its own settings (none by default)
+    suffix = ""                  # the setting a spec's "-N" sets ("fixed-span-2")
     summary = ""
-    label = ""                   # how the app names it beside the main decode ({n}: span_words)
+    label = ""                   # how the app names it beside the main decode ({field}: its own settings)
     specs: tuple[str, ...] = ()  # how the evaluation harness names its runs (default: the method's own name)
     models = (2, MAX_MODELS)     # how many models it decodes with
     scores = True     # the pool is scored by every model
@@ -66,7 +72,13 @@ class Method:
     weighted = True   # `DecodeConfig.weights` (or a gate) enters the fused score of the pool
 
     def __init__(self, config: "DecodeConfig"):
-        """Per-decode state from the settings the decode starts with (random generators)."""
+        """Per-decode state from the settings the decode starts with (its own: `self.settings`)."""
+        self.settings = config.method_settings
+
+    @classmethod
+    def title(cls, settings: MethodSettings) -> str:
+        """How the app names a decode of this method with these settings."""
+        return cls.label.format(**{f: getattr(settings, f) for f in settings.__dataclass_fields__})
 
     @classmethod
     def check(cls, models: Sequence, config: "DecodeConfig") -> None:
@@ -74,11 +86,11 @@ class Method:
         cannot decode with."""
 
     @classmethod
-    def check_count(cls, name: str, count: int) -> None:
-        """Raise ConfigError when `count` models are not what method `name` decodes with (before loading any)."""
+    def check_count(cls, count: int) -> None:
+        """Raise ConfigError when `count` models are not what this method decodes with (before loading any)."""
         low, high = cls.models
         if low == high == 1 and count != 1:
-            raise ConfigError(f"method {name!r} runs exactly one model, got {count}: pass one model")
+            raise ConfigError(f"method {cls.name!r} runs exactly one model, got {count}: pass one model")
         if not low <= count <= high:
             raise ConfigError(f"an ensemble needs {low} to {high} models, got {count}: "
                               "add models, or use method='greedy' for a single model")
@@ -110,10 +122,12 @@ class Method:
         return candidate.words if text == candidate.text else min(candidate.words, count_words(text))
 
 
+@register
 class AdaFuseMethod(Method):
     """Confident models (Δ ≥ τ) commit a greedy span of up to M words; uncertain ones explore B first tokens chosen by
     `exploration` (distinct surface forms, or probability against redundancy in embedding space) or, with `diversity`
     off, run a width-B beam search over the word. Each explore step records its selection (`ModelStep.selection`)."""
+    name = "adafuse"
     summary = "AdaFuse: confident models commit up to M words, uncertain ones explore B candidates"
     label = "AdaFuse"
     diverse: bool | None = None  # None: as `DecodeConfig.diversity` says
@@ -142,29 +156,10 @@ class AdaFuseMethod(Method):
         return Proposed(beam(s, cfg.branches, cfg.explore_top_k, cfg.max_word_tokens), StepMode.BEAM, [delta])
 
 
-class Beam(AdaFuseMethod):
-    """AdaFuse with diversity off: an uncertain model runs a width-B beam search over the word (the paper's
-    ablation)."""
-    summary = "AdaFuse with a width-B beam search over the word instead of diverse exploration"
-    label = "beam (no diversity)"
-    diverse = False
-
-
-class FixedSpan(Method):
-    """Every model proposes its greedy span of exactly n words (SweetSpan-like); the pool is scored."""
-    summary = "every model proposes its greedy span of n words (span_words); the pool is scored"
-    label = "fixed span {n}"
-    specs = ("fixed-span-1", "fixed-span-2", "fixed-span-3")
-
-    def propose(self, ctx, m):
-        cfg = ctx.config
-        p, margins = greedy_span(ctx.views[m], min(cfg.span_words, ctx.budget), None, cfg.max_word_tokens,
-                                 drafts=ctx.drafts(m), guesses=ctx.lookups(m))
-        return Proposed([p], StepMode.SPAN, margins)
-
-
+@register
 class Greedy(Method):
     """One model alone, word by word, through the same machinery."""
+    name = "greedy"
     summary = "one model alone, word by word"
     label = "greedy"
     models = (1, 1)
@@ -175,72 +170,62 @@ class Greedy(Method):
         return Proposed([p], StepMode.GREEDY, margins)
 
 
-class Mixture(Method):
-    """Word-level mixture of experts (ME): each round one model, drawn with `weights` and `seed`, writes the next word
-    by sampling at `temperature` (0: greedily). No other model proposes or scores; the others catch up with one
-    forward over the accumulated text when they are next drawn, and that forward also feeds the token the last
-    writer would write next (`guess`): where the new writer writes it too, the forward that follows its first token
-    is saved. One model works at a time, so on a shared CPU the models take turns (each with every core) unless
-    side by side is asked for; side by side, the idle models catch up in the background."""
-    summary = "word-level mixture: each word written by one model drawn at random, nothing scored"
-    label = "mixture (ME)"
-    scores = False
-    lazy = True
-    overlaps = False
-    weighted = False  # the weights draw the writer; nothing is scored
+@register
+class Beam(AdaFuseMethod):
+    """AdaFuse with diversity off: an uncertain model runs a width-B beam search over the word (the paper's
+    ablation)."""
+    name = "beam"
+    summary = "AdaFuse with a width-B beam search over the word instead of diverse exploration"
+    label = "beam (no diversity)"
+    diverse = False
 
-    def __init__(self, config):
-        self.rng = random.Random(config.seed)
-        self.generator = torch.Generator().manual_seed(config.seed)
 
-    def acting(self, ctx):
-        return [draw_writer(self.rng.random(), len(ctx.views), ctx.config.weights)]
+@dataclass(frozen=True)
+class SpanSettings(MethodSettings):
+    span_words: int = setting(1, 1, 64, "n: the words every model proposes in a round")
 
-    def drawn(self, ctx):
-        weights = ctx.config.weights
-        return [m for m in range(len(ctx.views)) if not weights or weights[m] > 0]
 
-    def guess(self, ctx, m):
-        """The next token of a model that is up to date (the last writer first: the token that told it its word had
-        ended), as text. Only models with nothing running in the background are read."""
-        for o in sorted(range(len(ctx.views)), key=lambda o: o != ctx.last_writer):
-            s = ctx.views[o]
-            if o == m or s.text != ctx.output or ctx.busy(o):
-                continue
-            t = best_token(s, s.next_logprobs)
-            return "" if t in s.end_ids else s.decode_after(s.ids, [t])
-        return ""
+@register
+class FixedSpan(Method):
+    """Every model proposes its greedy span of exactly n words (SweetSpan-like); the pool is scored."""
+    name = "fixed-span"
+    Settings = SpanSettings
+    suffix = "span_words"
+    summary = "every model proposes its greedy span of n words (fixed-span-N); the pool is scored"
+    label = "fixed span {span_words}"
+    specs = ("fixed-span-1", "fixed-span-2", "fixed-span-3")
 
     def propose(self, ctx, m):
-        cfg, s = ctx.config, ctx.views[m]
-        return Proposed([sample_word(s, cfg.temperature, self.generator, cfg.max_word_tokens)], StepMode.WRITE,
-                        [margin(s.next_logprobs)])
+        cfg = ctx.config
+        p, margins = greedy_span(ctx.views[m], min(self.settings.span_words, ctx.budget), None, cfg.max_word_tokens,
+                                 drafts=ctx.drafts(m), guesses=ctx.lookups(m))
+        return Proposed([p], StepMode.SPAN, margins)
 
 
-def draw_writer(u: float, count: int, weights) -> int:
-    """The model `random.choices(range(count), weights)` draws when its one call to `random()` returns `u`."""
-    if not weights:
-        return math.floor(u * count)
-    cum = list(itertools.accumulate(weights))
-    return bisect.bisect(cum, u * cum[-1], 0, count - 1)
+@dataclass(frozen=True)
+class UnionSettings(MethodSettings):
+    union_top_k: int = setting(5, 1, 1000, "k: each model's top-k next tokens enter the union")
 
 
+@register
 class TokenUnion(Method):
     """UniTE-style: the union (by decoded text) of every model's top-k next tokens, each scored by the probability
     every model gives that text as one token (0 if it cannot), averaged over models."""
+    name = "token-union"
+    Settings = UnionSettings
     summary = "token union (UniTE-style): every model's top-k next tokens, averaged probabilities"
     label = "token union (UniTE-style)"
     weighted = False  # a plain mean of probabilities
 
     @classmethod
     def check(cls, models, config):
-        vocab = min(lm.vocab_size for lm in models)
-        if config.union_top_k > vocab:
-            raise ConfigError(f"union_top_k={config.union_top_k} is larger than a model's vocabulary ({vocab}): "
+        vocab, k = min(lm.vocab_size for lm in models), config.method_settings.union_top_k
+        if k > vocab:
+            raise ConfigError(f"union_top_k={k} is larger than a model's vocabulary ({vocab}): "
                               "use fewer")
 
     def own_round(self, ctx):
-        k = ctx.config.union_top_k
+        k = self.settings.union_top_k
         names = ctx.names
         texts: dict[tuple[str, bool], list[str]] = {}
         steps = []
@@ -282,21 +267,66 @@ def _token_prob(s: ModelView, text: str, eos: bool) -> float:
     return math.exp(float(s.next_logprobs[tail[0]])) if len(tail) == 1 else 0.0
 
 
-METHODS: dict[str, type[Method]] = {
-    "adafuse": AdaFuseMethod,
-    "greedy": Greedy,
-    "beam": Beam,
-    "fixed-span": FixedSpan,
-    "token-union": TokenUnion,
-    "mixture": Mixture,
-}
+@dataclass(frozen=True)
+class MixtureSettings(MethodSettings):
+    seed: int = setting(0, 0, 2**31 - 1, "the random seed that draws each word's writer")
+    temperature: float = setting(1.0, 0.0, 10.0, "the drawn model samples its word at this temperature (0: greedily)")
+
+
+@register
+class Mixture(Method):
+    """Word-level mixture of experts (ME): each round one model, drawn with `weights` and `seed`, writes the next word
+    by sampling at `temperature` (0: greedily). No other model proposes or scores; the others catch up with one
+    forward over the accumulated text when they are next drawn, and that forward also feeds the token the last
+    writer would write next (`guess`): where the new writer writes it too, the forward that follows its first token
+    is saved. One model works at a time, so on a shared CPU the models take turns (each with every core) unless
+    side by side is asked for; side by side, the idle models catch up in the background."""
+    name = "mixture"
+    Settings = MixtureSettings
+    summary = "word-level mixture: each word written by one model drawn at random, nothing scored"
+    label = "mixture (ME)"
+    scores = False
+    lazy = True
+    overlaps = False
+    weighted = False  # the weights draw the writer; nothing is scored
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.rng = random.Random(self.settings.seed)
+        self.generator = torch.Generator().manual_seed(self.settings.seed)
+
+    def acting(self, ctx):
+        return [draw_writer(self.rng.random(), len(ctx.views), ctx.config.weights)]
+
+    def drawn(self, ctx):
+        weights = ctx.config.weights
+        return [m for m in range(len(ctx.views)) if not weights or weights[m] > 0]
+
+    def guess(self, ctx, m):
+        """The next token of a model that is up to date (the last writer first: the token that told it its word had
+        ended), as text. Only models with nothing running in the background are read."""
+        for o in sorted(range(len(ctx.views)), key=lambda o: o != ctx.last_writer):
+            s = ctx.views[o]
+            if o == m or s.text != ctx.output or ctx.busy(o):
+                continue
+            t = best_token(s, s.next_logprobs)
+            return "" if t in s.end_ids else s.decode_after(s.ids, [t])
+        return ""
+
+    def propose(self, ctx, m):
+        cfg, s = ctx.config, ctx.views[m]
+        return Proposed([sample_word(s, self.settings.temperature, self.generator, cfg.max_word_tokens)], StepMode.WRITE,
+                        [margin(s.next_logprobs)])
+
+
+def draw_writer(u: float, count: int, weights) -> int:
+    """The model `random.choices(range(count), weights)` draws when its one call to `random()` returns `u`."""
+    if not weights:
+        return math.floor(u * count)
+    cum = list(itertools.accumulate(weights))
+    return bisect.bisect(cum, u * cum[-1], 0, count - 1)
 
 
 def make_method(config: "DecodeConfig") -> Method:
     """The method object of one decode."""
-    return METHODS[config.method](config)
-
-
-def method_specs() -> list[str]:
-    """Every method as the evaluation harness and the app name their runs (fixed-span as fixed-span-N)."""
-    return [spec for name, cls in METHODS.items() for spec in (cls.specs or (name,))]
+    return config.method_class(config)

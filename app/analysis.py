@@ -5,6 +5,7 @@ import csv
 import html
 from pathlib import Path
 
+from adafuse.config import DecodeConfig
 from adafuse.divergence import SOLO as SINGLE, divergence, is_solo
 from adafuse.errors import ConfigError
 from adafuse.harness.evaluate import decode_seconds
@@ -48,7 +49,8 @@ def ensemble_method(methods) -> str | None:
     """The method whose answers the labels judge: AdaFuse if it ran, else the first other method that is not a
     single model."""
     fused = [m for m in methods if not m.startswith(SINGLE)]
-    return "adafuse" if "adafuse" in fused else (fused[0] if fused else None)
+    default = DecodeConfig().method
+    return default if default in fused else (fused[0] if fused else None)
 
 
 def by_example(rows: list[dict]) -> dict[tuple[str, int], dict[str, dict]]:

@@ -19,7 +19,8 @@ from adafuse.errors import AdafuseError, ConfigError
 from adafuse.trace import StopReason
 from adafuse.harness.evaluate import parse_methods
 from adafuse.many import DEFAULT_CONCURRENCY, DEFAULT_DEADLINE_S
-from adafuse.methods import METHODS, method_specs
+from adafuse.method_registry import from_spec, method_specs, to_spec
+from adafuse.methods import Greedy
 from adafuse.models import ModelRegistry, is_served_spec, parse_spec
 
 from . import analysis
@@ -28,9 +29,8 @@ from .slots import Slots
 # The method registry's runs as the Evaluate tab offers them, and the ensembles the page can decode side by side
 # with the main one (label -> settings: every method but AdaFuse itself and one model alone, shown anyway).
 EVAL_METHODS = tuple(method_specs())
-COMPARE_METHODS = {METHODS[run.settings["method"]].label.format(n=run.settings.get("span_words")): run.settings
-                   for run in parse_methods(list(EVAL_METHODS), ["a", "b"])
-                   if METHODS[run.settings["method"]].models[0] > 1 and run.settings["method"] != "adafuse"}
+COMPARE_METHODS = {cls.title(own): {"method": to_spec(cls, own)} for cls, own in map(from_spec, EVAL_METHODS)
+                   if cls.models[0] > 1 and cls is not DecodeConfig().method_class}
 
 def decode_slots(value: str) -> int:
     """ADAFUSE_DECODE_SLOTS: how many decodes run at once, a whole number from 1."""
@@ -290,7 +290,7 @@ class Explorer:
         for n in model_specs(names, device):
             lm = self._get(n)
             label = lm.name if lm.name not in self.singles else n  # the model's name; its spec when it repeats
-            trace = self._finish(AdaFuse([lm], replace(cfg, method="greedy", weights=())).start(prompt))
+            trace = self._finish(AdaFuse([lm], replace(cfg, method=Greedy.name, weights=())).start(prompt))
             if trace is None:
                 return
             self.singles[label] = trace

@@ -7,7 +7,8 @@ import pandas as pd
 
 from adafuse.harness.figures import (KIND_COLORS, KIND_NAMES, MODEL_COLORS, cost_figure, empty_figure,  # noqa: F401
                                      margins_figure, pool_figure, words_per_round_figure)
-from adafuse.methods import METHODS
+from adafuse.errors import ConfigError
+from adafuse.method_registry import from_spec, legacy
 from adafuse.explain import why_empty
 from adafuse.report import candidate_label, cost_rows, round_rows
 from adafuse.selection import selection_rows
@@ -130,10 +131,13 @@ def count(n: int, noun: str) -> str:
 
 def title(trace: Trace) -> str:
     """A trace's heading: the method and how many models it fused, or the one model that wrote it alone."""
-    method = trace.settings.get("method", "adafuse")
+    try:
+        cls, settings = from_spec(legacy(trace.settings))
+        method, label = cls.name, cls.title(settings)
+    except ConfigError:  # a method this version does not have: its name as the trace wrote it
+        method = label = str(trace.settings.get("method"))
     if len(trace.models) == 1:
         return f"{trace.models[0]} alone ({method})"
-    label = METHODS[method].label.format(n=trace.settings.get("span_words")) if method in METHODS else method
     return f"{label} (fused)"
 
 

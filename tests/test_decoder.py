@@ -110,7 +110,7 @@ def test_settings_are_validated_before_any_model_prefills():
     with pytest.raises(ConfigError, match="weights"):
         AdaFuse([a, b], DecodeConfig(method="mixture", weights=(1, 2, 3))).start("Q")
     with pytest.raises(ConfigError, match="union_top_k"):
-        AdaFuse([a, b], DecodeConfig(method="token-union", union_top_k=999)).start("Q")
+        AdaFuse([a, b], DecodeConfig.of(method="token-union", union_top_k=999)).start("Q")
     assert a.model.calls == 0 and b.model.calls == 0
 
 

@@ -16,7 +16,7 @@ def test_method_specs():
                          ["a", "b"])
     assert [r.label for r in runs] == ["adafuse", "greedy:a", "greedy:b", "fixed-span-2",
                                        "adafuse[branches=5,diversity=false,tau=0.5]"]
-    assert runs[3].settings == {"method": "fixed-span", "span_words": 2}
+    assert runs[3].settings == {"method": "fixed-span-2"}
     assert runs[4].settings == {"method": "adafuse", "branches": 5, "diversity": False, "tau": 0.5}
     for bad in ("vote", "adafuse[colour=red]", "fixed-span-x", "adafuse[weights=1/x]", "w=adafuse[colour=red]"):
         with pytest.raises(ConfigError):

@@ -12,7 +12,7 @@ from tests.toy import A_RULES, B_RULES, V, first_round, nll, toy_model, toy_pair
 def test_token_union_averages_each_models_probability_of_the_text():
     a = {"Q": {" Paris": 0.7, " London": 0.2}}
     b = {"Q": {" London": 0.5, " Paris": 0.3}}
-    _, r = first_round(DecodeConfig(method="token-union", union_top_k=2), toy_pair(a=a, b=b))
+    _, r = first_round(DecodeConfig.of(method="token-union", union_top_k=2), toy_pair(a=a, b=b))
     c = {x.text: x for x in r.candidates}
     assert set(c) == {" Paris", " London"} and r.steps[0].mode == "token"
     assert c[" Paris"].fused == pytest.approx(nll((0.7 + 0.3) / 2), abs=1e-5)
@@ -22,13 +22,13 @@ def test_token_union_averages_each_models_probability_of_the_text():
 
 
 def test_mixture_lets_one_seeded_model_write_each_word():
-    tr = AdaFuse(toy_pair(), DecodeConfig(method="mixture", seed=3, max_new_words=6)).generate("Q")
+    tr = AdaFuse(toy_pair(), DecodeConfig.of(method="mixture", seed=3, max_new_words=6)).generate("Q")
     for r in tr.rounds:
         writers = [s.model for s in r.steps if s.mode != "idle"]
         assert len(writers) == 1 and r.candidates[r.chosen].proposers == writers
-    again = AdaFuse(toy_pair(), DecodeConfig(method="mixture", seed=3, max_new_words=6)).generate("Q")
+    again = AdaFuse(toy_pair(), DecodeConfig.of(method="mixture", seed=3, max_new_words=6)).generate("Q")
     assert [r.text for r in again.rounds] == [r.text for r in tr.rounds]
-    only_a = AdaFuse(toy_pair(), DecodeConfig(method="mixture", weights=(1, 0), temperature=0)).generate("Q")
+    only_a = AdaFuse(toy_pair(), DecodeConfig.of(method="mixture", weights=(1, 0), temperature=0)).generate("Q")
     assert all(r.steps[1].mode == "idle" for r in only_a.rounds) and only_a.output == " Paris is nice."
     with pytest.raises(ConfigError):
         AdaFuse(toy_pair(), DecodeConfig(method="mixture", weights=(1, 0, 1))).generate("Q")
@@ -36,11 +36,11 @@ def test_mixture_lets_one_seeded_model_write_each_word():
 
 def test_mixture_is_word_level_me_one_model_per_word_no_scoring():
     a, b = toy_pair()
-    tr = AdaFuse([a, b], DecodeConfig(method="mixture", weights=(1, 0), temperature=0)).generate("Q")
+    tr = AdaFuse([a, b], DecodeConfig.of(method="mixture", weights=(1, 0), temperature=0)).generate("Q")
     assert all(len(r.candidates) == 1 and r.candidates[0].nll == {} for r in tr.rounds)
     assert sum(s.forward_passes for r in tr.rounds for s in r.steps if s.model == "b") == 0
     # drawn models catch up lazily: b sees the words a wrote with one forward when it is drawn
-    d = AdaFuse(toy_pair(), DecodeConfig(method="mixture", seed=1, temperature=0)).start("Q")
+    d = AdaFuse(toy_pair(), DecodeConfig.of(method="mixture", seed=1, temperature=0)).start("Q")
     for r in d:
         for m, step in enumerate(r.steps):
             if step.mode != "idle" and not d.done:
@@ -48,8 +48,8 @@ def test_mixture_is_word_level_me_one_model_per_word_no_scoring():
     counts = [sum(1 for r in d.trace.rounds if r.steps[m].mode != "idle") for m in (0, 1)]
     assert all(counts)
     # sampling is seeded: the same seed gives the same words, temperature > 0
-    one = AdaFuse(toy_pair(), DecodeConfig(method="mixture", seed=5, temperature=1.0)).generate("Q").output
-    assert one == AdaFuse(toy_pair(), DecodeConfig(method="mixture", seed=5, temperature=1.0)).generate("Q").output
+    one = AdaFuse(toy_pair(), DecodeConfig.of(method="mixture", seed=5, temperature=1.0)).generate("Q").output
+    assert one == AdaFuse(toy_pair(), DecodeConfig.of(method="mixture", seed=5, temperature=1.0)).generate("Q").output
 
 
 class _Draws:
@@ -73,7 +73,7 @@ def test_a_mixture_writer_catching_up_feeds_the_last_writers_next_token_with_it(
         if not guess:
             monkeypatch.setattr(Mixture, "guess", lambda self, ctx, m: "")
         models = toy_pair(b=dict(B_RULES, **{" Paris": b_after_paris}))
-        d = AdaFuse(models, DecodeConfig(method="mixture", temperature=0), parallel=False).start("Q")
+        d = AdaFuse(models, DecodeConfig.of(method="mixture", temperature=0), parallel=False).start("Q")
         d.method.rng = _Draws([0.1, 0.9, 0.1, 0.9, 0.1, 0.9])
         for _ in d:
             pass
@@ -112,7 +112,7 @@ def test_the_mixture_draws_as_random_choices_and_a_weight_change_counts_from_the
         return r.random()
     seed = next(s for s in range(100) if second_draw(s) >= 0.5)
     for parallel in (False, True):
-        d = AdaFuse(toy_pair(), DecodeConfig(method="mixture", weights=(1, 1), seed=seed, temperature=0),
+        d = AdaFuse(toy_pair(), DecodeConfig.of(method="mixture", weights=(1, 1), seed=seed, temperature=0),
                     parallel=parallel).start("Q")
         d.commit()
         d.reconfigure(replace(d.config, weights=(1, 0)))
@@ -121,7 +121,7 @@ def test_the_mixture_draws_as_random_choices_and_a_weight_change_counts_from_the
 
 
 def test_fixed_span_commits_n_words_from_every_model():
-    _, r = first_round(DecodeConfig(method="fixed-span", span_words=2))
+    _, r = first_round(DecodeConfig.of(method="fixed-span", span_words=2))
     assert [s.mode for s in r.steps] == ["span", "span"]
     assert {c.text for c in r.candidates} == {" Paris is", " London is"}
 

@@ -24,16 +24,12 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The adafuse modules `name` imports anywhere in its file (function-level imports count: a circle is a circle;
-    imports for type checkers only do not run)."""
+    """The adafuse modules `name` imports anywhere in its file: function-level imports count, and so do imports for
+    type checkers only (under `if TYPE_CHECKING:`): they do not run, but a reader still follows a circle."""
     is_pkg = path.name == "__init__.py"
     found = set()
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -131,6 +127,14 @@ def test_the_check_itself_finds_what_it_looks_for():
     lines = ["DEFAULT = ('smollm2-135m-instruct', 'gemma3-270m')", "# see issue 15", "print('Target met')"]
     for (pattern, _), line in zip(FORBIDDEN, lines):
         assert re.search(pattern, line)
+
+
+def test_the_import_reader_follows_type_checking_and_function_level_imports(tmp_path):
+    """A module that imports another only for type checkers, or inside a function, depends on it all the same."""
+    src = tmp_path / "m.py"
+    src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .config import DecodeConfig\n"
+                   "def f():\n    from .trace import Trace\n", encoding="utf-8")
+    assert _imports("adafuse.m", src, {"adafuse.config", "adafuse.trace"}) == {"adafuse.config", "adafuse.trace"}
 
 
 SPY = r'''

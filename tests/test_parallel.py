@@ -107,7 +107,7 @@ def test_side_by_side_the_mixture_does_not_wait_for_an_idle_model_catching_up(en
 
     b.model.forward = slow_forward
     # a writes every word (b's weight is tiny), b may be drawn, so it catches up after every round
-    d = AdaFuse([a, b], DecodeConfig(method="mixture", weights=(1, 1e-9), temperature=0), parallel=True).start("Q")
+    d = AdaFuse([a, b], DecodeConfig.of(method="mixture", weights=(1, 1e-9), temperature=0), parallel=True).start("Q")
     hold[0] = True
     texts = [d.commit().text for _ in range(2)]  # the second round goes on while b's first catch-up is held
     assert entered.wait(5) and texts == [" Paris", " is"] and not released.is_set() and not d.done
@@ -134,7 +134,7 @@ def test_the_mixture_takes_turns_on_a_shared_cpu_unless_side_by_side_is_asked_fo
     probed = []
     monkeypatch.setattr(par, "_measure_or_none", lambda models: probed.append(1) or (1.0, 0.5))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    cfg = DecodeConfig(method="mixture", temperature=0, seed=3)
+    cfg = DecodeConfig.of(method="mixture", temperature=0, seed=3)
     turns = AdaFuse(toy_pair(), cfg).start("Q")
     assert not turns.workers.parallel and probed == []
     adafuse = AdaFuse(toy_pair(), DecodeConfig()).start("Q")  # the same models, a method that overlaps: probed
@@ -165,7 +165,7 @@ def test_parallel_models_write_the_same_trace_as_sequential(pair, case):
     prompt = gsm8k_prompt(2, shots=1) if case == "gsm8k" else qa_prompt("triviaqa", 3)
     cfg = {"triviaqa": DecodeConfig(stop=("\n",), max_new_words=20),
            "gsm8k": DecodeConfig(stop=("\n\nQuestion:",), max_new_words=12, branches=2),
-           "mixture": DecodeConfig(stop=("\n",), method="mixture", seed=3, max_new_words=20),
+           "mixture": DecodeConfig.of(stop=("\n",), method="mixture", seed=3, max_new_words=20),
            "chat": DecodeConfig(mode="chat", max_new_words=6)}[case]
     if case == "chat":
         prompt = "Name two rivers of Europe."

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from adafuse import AdaFuse, DecodeConfig, Trace, TraceError
-from adafuse.methods import METHODS
+from adafuse.method_registry import METHODS
 from adafuse.trace import Candidate, ModelStep, Round, fused_score
 from tests.toy import A_RULES, B_RULES, toy_pair
 from tests.traces import empty_trace, hand_trace, two_rounds

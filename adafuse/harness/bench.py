@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     methods = {}
     # without speculation, the algorithm's own forwards (the speculative rows below save some of them)
     for name, kw in (("AdaFuse B=1", dict(branches=1)), ("AdaFuse B=3", dict(branches=3)),
-                     ("mixture (ME, greedy words)", dict(method="mixture", temperature=0.0))):
+                     ("mixture (ME, greedy words)", dict(method="mixture[temperature=0]"))):
         methods[f"{name} sequential"] = dict(kw, parallel=False, speculate=False)
         methods[f"{name} parallel"] = dict(kw, parallel=True, speculate=False)
     # exploration by meaning (selection.py): its selection's cost per uncertain round is printed below the table

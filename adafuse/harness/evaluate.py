@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..config import DecodeConfig
 from ..ensemble import AdaFuse
-from ..methods import METHODS, method_specs
+from ..method_registry import canonical, from_spec, method_specs, own_settings, value
 from ..errors import ConfigError
 from ..many import check_concurrency, run_many
 from ..models import ModelRegistry, default_registry
@@ -31,32 +31,17 @@ class MethodRun:
     settings: dict = field(default_factory=dict)
 
 
-def _value(raw: str):
-    low = raw.strip().lower()
-    if low in ("true", "on", "yes"):
-        return True
-    if low in ("false", "off", "no"):
-        return False
-    try:
-        return int(low)
-    except ValueError:
-        try:
-            return float(low)
-        except ValueError:
-            return raw.strip()
-
-
 def setting_value(key: str, raw, where: str):
     """One decoding setting given as text (or already typed): a DecodeConfig field, weights as numbers separated by
     slashes ("1/4"); `where` names what held it, for the error."""
-    if key not in DecodeConfig.__dataclass_fields__:
+    if key not in DecodeConfig.__dataclass_fields__ and key not in own_settings():
         raise ConfigError(f"unknown setting {key!r} in {where}")
     if key == "weights":
         try:
             return tuple(float(x) for x in str(raw).split("/"))
         except ValueError:
             raise ConfigError(f"weights in {where}: use numbers separated by slashes, e.g. weights=1/4") from None
-    return _value(raw) if isinstance(raw, str) else raw
+    return value(raw) if isinstance(raw, str) else raw
 
 
 def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
@@ -70,19 +55,20 @@ def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
         if named:
             spec = rest
         m = _SPEC.match(spec.strip())
-        name = m and m.group("name")
-        span = re.fullmatch(r"fixed-span-(\d+)", name or "")
-        base = "fixed-span" if span else name
-        if not m or base not in METHODS:
+        try:
+            cls, _ = from_spec(m.group("name") if m else spec)
+        except ConfigError as exc:
+            if not str(exc).startswith("method="):  # a known method with a bad setting: that error
+                raise
             raise ConfigError(f"unknown method {spec!r}: use one of {', '.join(method_specs())}, optionally with "
-                              "settings such as adafuse[branches=5,tau=0.5]")
-        settings = {"method": base}
-        if base == "fixed-span":
-            settings["span_words"] = int(span.group(1))
+                              "settings such as adafuse[branches=5,tau=0.5]") from None
+        settings, own = {}, {}
         for part in filter(None, (m.group("args") or "").split(",")):
             key, _, raw = part.partition("=")
-            settings[key.strip()] = setting_value(key.strip(), raw, repr(spec))
-        if METHODS[base].models == (1, 1):  # a single-model method: one run per model
+            (own if key.strip() in own_settings() else settings)[key.strip()] = setting_value(key.strip(), raw,
+                                                                                               repr(spec))
+        settings = {"method": canonical(m.group("name"), **own), **settings}  # the method's own in its spec
+        if cls.models == (1, 1):  # a single-model method: one run per model
             targets = [m.group("model")] if m.group("model") else models
             runs += [MethodRun(f"greedy:{t}", [t], settings) for t in targets]
         else:

@@ -25,7 +25,6 @@ from .evaluate import setting_value
 from ..ensemble import AdaFuse
 from ..errors import AdafuseError, ConfigError
 from ..many import DEFAULT_CONCURRENCY, check_concurrency, run_many
-from ..methods import METHODS
 from ..models import DEFAULT_PAIR, LoadedModel, ModelRegistry
 
 NAME = "adafuse"
@@ -72,8 +71,8 @@ class AdaFuseLM(LM):
         if isinstance(models, str):
             models = [n.strip() for n in models.split(SEPARATOR)]
         names = list(models or DEFAULT_PAIR)
-        self.config = DecodeConfig(**_settings(settings))  # checked before any model loads
-        METHODS[self.config.method].check_count(self.config.method, len(names))
+        self.config = DecodeConfig.of(**_settings(settings))  # checked before any model loads
+        self.config.method_class.check_count(len(names))
         if self.config.weights and len(self.config.weights) != len(names):
             raise ConfigError(f"weights has {len(self.config.weights)} values for {len(names)} models: give one per "
                               "model")

@@ -10,12 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..config import DecodeConfig
 from ..errors import ConfigError
 from ..many import MAX_BRANCHES
-from ..methods import METHODS
+from ..method_registry import own_settings
 from .responses import ApiError
 
-# Settings a request may change through its `adafuse` object; the rest are fixed when the server starts.
-OVERRIDES = ("tau", "max_words", "branches", "diversity", "weights", "gate", "method", "span_words", "speculate",
-             "draft_lookup", "normalize", "max_new_words")
+# Settings a request may change through its `adafuse` object (and any method's own, e.g. span_words: `overrides()`);
+# the rest are fixed when the server starts.
+OVERRIDES = ("tau", "max_words", "branches", "diversity", "weights", "gate", "method", "speculate", "draft_lookup",
+             "normalize", "max_new_words")
 MAX_STOPS = 4  # as OpenAI's API
 # settings a request sets through OpenAI's own fields: an error about one names the field
 REQUEST_FIELDS = {"stop": "stop", "max_new_tokens": "max_tokens"}
@@ -108,9 +109,10 @@ def _settings(req: _Request, base: DecodeConfig, limits: Limits, max_tokens: int
     want_trace = ext.pop("trace", False)
     if not isinstance(want_trace, bool):
         raise bad(f"adafuse.trace={want_trace!r} is invalid: use true or false", "adafuse.trace")
-    unknown = sorted(set(ext) - set(OVERRIDES))
+    allowed = (*OVERRIDES, *own_settings())
+    unknown = sorted(set(ext) - set(allowed))
     if unknown:
-        raise bad(f"adafuse.{unknown[0]} is not a setting a request can change: use {', '.join(OVERRIDES)} "
+        raise bad(f"adafuse.{unknown[0]} is not a setting a request can change: use {', '.join(allowed)} "
                   "(the others are fixed when the server starts)", f"adafuse.{unknown[0]}")
     if "gate" in ext:
         gate = ext["gate"]
@@ -135,8 +137,8 @@ def _settings(req: _Request, base: DecodeConfig, limits: Limits, max_tokens: int
                       "(adafuse serve --max-tokens): ask for fewer", "max_tokens")
         changes["max_new_tokens"] = max_tokens
     try:
-        config = replace(base, **changes)
-        METHODS[config.method].check_count(config.method, limits.members)
+        config = DecodeConfig.of(base, **changes)
+        config.method_class.check_count(limits.members)
     except (ConfigError, TypeError, ValueError) as exc:
         m = re.match(r"(\w+)=", str(exc))  # the library's messages start with the setting: "tau=2 is invalid: ..."
         param = REQUEST_FIELDS.get(m.group(1), f"adafuse.{m.group(1)}") if m else None
