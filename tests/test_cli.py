@@ -23,6 +23,25 @@ def test_cli_reports_bad_input_without_a_stack_trace(args, capsys):
     assert "error:" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("args", [["--prompt", "hi", "--method", "fixed-span-0"],
+                                  ["--prompt", "hi", "--method", "adafuse", "--seed", "3"],
+                                  ["--prompt", "hi", "--method", "vote"]])
+def test_a_bad_method_spec_or_setting_is_a_message(args, capsys):
+    assert main(["run", *args]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_a_package_missing_from_the_install_names_the_extra_that_brings_it(monkeypatch, capsys):
+    """A wheel installed without extras: `adafuse eval` needs plotly, sacrebleu, tqdm (the eval extra)."""
+    import adafuse.cli as cli
+
+    def missing(args):
+        raise ModuleNotFoundError("No module named 'plotly'", name="plotly")
+    monkeypatch.setattr(cli, "run_eval", missing)
+    assert main(["eval", "--task", "triviaqa"]) == 2
+    assert "pip install 'adafuse-explorer[eval]'" in capsys.readouterr().err
+
+
 def test_python_m_adafuse_says_what_is_wrong_with_a_missing_model_offline():
     """The entry point in its own process, offline (huggingface_hub reads HF_HUB_OFFLINE when imported)."""
     args = ["--models", "someone/missing-model", "gemma3-270m", "--prompt", "hi"]

@@ -1,0 +1,58 @@
+"""The library's entry point: an ensemble of models with its settings, decoding prompts into traces."""
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from typing import Iterable, Iterator, Sequence
+
+from .config import DecodeConfig
+from .decoder import Decoding
+from .models import LoadedModel, get_model
+from .many import DEFAULT_CONCURRENCY, run_many
+from .methods import Greedy
+from .replay import branch_from
+from .trace import Round, Trace
+
+
+class AdaFuse:
+    """Word-level ensemble decoding of 2 to 4 causal LMs (or one model alone with method="greedy")."""
+
+    def __init__(self, models: Sequence[LoadedModel | str], config: DecodeConfig | None = None,
+                 parallel: bool | None = None, threads: int | None = None, **settings):
+        if isinstance(models, (str, LoadedModel)):
+            models = [models]
+        config = DecodeConfig.of(config, **settings) if settings or config is None else config
+        config.method_class.check_count(len(models))
+        self.models = [get_model(m) if isinstance(m, str) else m for m in models]
+        self.config = config
+        self.parallel = parallel  # models side by side, one worker each (False: one after another; None: choose)
+        self.threads = threads    # torch CPU threads per worker (default: the cores shared out)
+
+    def start(self, prompt: str) -> Decoding:
+        return Decoding(self.models, self.config, prompt, self.parallel, self.threads)
+
+    def stream(self, prompt: str) -> Iterator[Round]:
+        """Yield each round as it is decided and appended."""
+        yield from self.start(prompt)
+
+    def generate(self, prompt: str) -> Trace:
+        d = self.start(prompt)
+        for _ in d:
+            pass
+        return d.trace
+
+    def generate_many(self, prompts: Iterable[str], concurrency: int = DEFAULT_CONCURRENCY) -> list[Trace]:
+        """Decode every prompt with up to `concurrency` decodes in flight; the traces in the prompts' order, each
+        the trace `generate` gives for that prompt alone (the models' forwards are shared among the decodes in flight:
+        models/batching.py). The first prompt that fails raises its error."""
+        return list(run_many([functools.partial(self.generate, p) for p in prompts], concurrency))
+
+    def branch(self, trace: Trace, round_index: int, candidate: int) -> Decoding:
+        """`branch_from` with these models: the trace's own settings decide, not this object's config."""
+        return branch_from(self.models, trace, round_index, candidate, self.parallel, self.threads)
+
+
+def greedy(model: LoadedModel | str, prompt: str, config: DecodeConfig | None = None) -> Trace:
+    """One model alone through the same machinery (same words, stops and costs)."""
+    cfg = replace(config or DecodeConfig(), method=Greedy.name, weights=(), gate="")  # alone: no ensemble weights
+    return AdaFuse([model], cfg).generate(prompt)

@@ -1,0 +1,130 @@
+"""lm-evaluation-harness model `adafuse`: the fused ensemble behind lm-eval's LM interface (generate_until).
+
+lm_eval 0.4.13 finds models only in its own registry (no entry-point plug-ins), so this module registers `adafuse`
+when imported and `python -m adafuse lm-eval ARGS` (= `python -m adafuse.harness.lm_eval_model ARGS`) imports it, then
+runs lm-eval's own command line with ARGS:
+
+    python -m adafuse lm-eval run --model adafuse \
+        --model_args models=MODEL_A+MODEL_B,tau=0.7,max_words=3,branches=3 \
+        --include_path adafuse/harness/lm_eval_tasks --tasks adafuse_triviaqa --limit 20
+
+lm-eval splits --model_args on commas, so the members are joined with "+" (weights with "/", as `adafuse eval`).
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import replace
+from typing import Sequence
+
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from ..config import DecodeConfig
+from .evaluate import setting_value
+from ..ensemble import AdaFuse
+from ..errors import AdafuseError, ConfigError
+from ..many import DEFAULT_CONCURRENCY, check_concurrency, run_many
+from ..models import DEFAULT_PAIR, LoadedModel, ModelRegistry
+
+NAME = "adafuse"
+SEPARATOR = "+"  # between members in models=...: lm-eval splits model_args on commas
+GENERATION_TASKS = ("adafuse_nq", "adafuse_triviaqa", "adafuse_squad", "adafuse_gsm8k", "adafuse_flores_de_en",
+                    "adafuse_flores_en_de")
+
+
+class ScoringNotSupported(AdafuseError, NotImplementedError):
+    """lm-eval asked the ensemble to score given text (loglikelihood): it only generates."""
+
+
+def _settings(args: dict) -> dict:
+    """model_args (values already typed by lm-eval) as DecodeConfig fields; weights as "1/4" like `adafuse eval`."""
+    where = (f"--model_args of --model {NAME} (models=A{SEPARATOR}B, concurrency, device, trust_remote_code or a "
+             "decoding setting: tau, max_words, branches, weights=1/4, gate, method, normalize, speculate, ...)")
+    if "stop" in args:
+        raise ConfigError(f"stop in --model_args of --model {NAME}: the stop strings come from the task (its until)")
+    return {key: setting_value(key, value, where) for key, value in args.items()}
+
+
+def _device(device: str | None) -> str | None:
+    """lm-eval's --device for every member (MODEL@DEVICE in models= places one). Its run command sends "cuda:0" when
+    none is given: on a machine without CUDA that is the library's default (None) instead."""
+    import torch
+    if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+        return None
+    return device
+
+
+@register_model(NAME)
+class AdaFuseLM(LM):
+    """generate_until through the fused decode: each request's `until` strings are its stop strings, its
+    `max_gen_toks` the token cap (as `--max-new-tokens` counts: the most tokens any member writes), a doc's
+    `max_new_words` (this project's tasks carry `adafuse eval`'s word cap) the word cap; requests decode `concurrency`
+    at a time with their forwards shared (adafuse/many.py)."""
+
+    def __init__(self, models: str | Sequence[LoadedModel | str] | None = None,
+                 concurrency: int = DEFAULT_CONCURRENCY, device: str | None = None, trust_remote_code: bool = False,
+                 batch_size=None, max_batch_size=None, **settings):
+        """`models`: "A+B" (lm-eval's model_args) or, from Python, a list of names or loaded models; default the
+        bundled pair. lm-eval's batch_size / max_batch_size are unused: `concurrency` decodes run at once."""
+        super().__init__()
+        if isinstance(models, str):
+            models = [n.strip() for n in models.split(SEPARATOR)]
+        names = list(models or DEFAULT_PAIR)
+        self.config = DecodeConfig.of(**_settings(settings))  # checked before any model loads
+        self.config.method_class.check_count(len(names))
+        if self.config.weights and len(self.config.weights) != len(names):
+            raise ConfigError(f"weights has {len(self.config.weights)} values for {len(names)} models: give one per "
+                              "model")
+        self.concurrency = check_concurrency(concurrency)
+        device = _device(device)
+        registry = ModelRegistry()  # this model's members
+        self.models = [registry.get(n, device=device, trust_remote_code=trust_remote_code) if isinstance(n, str) else n
+                       for n in names]
+
+    def request_config(self, gen_kwargs: dict, doc: dict | None) -> DecodeConfig:
+        """The decode settings of one generate_until request."""
+        kw = dict(gen_kwargs or {})
+        until = kw.pop("until", None) or ()
+        stop = (until,) if isinstance(until, str) else tuple(until)
+        cap = int(kw.pop("max_gen_toks", self.config.max_new_tokens))
+        words = (doc or {}).get("max_new_words") or min(cap, 100_000)  # no word cap of its own: the tokens decide
+        return replace(self.config, stop=stop, max_new_tokens=cap, max_new_words=int(words))
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from tqdm import tqdm
+        jobs = [functools.partial(AdaFuse(self.models, self.request_config(r.args[1], r.doc)).generate, r.args[0])
+                for r in requests]
+        out = []
+        with tqdm(total=len(jobs), desc="adafuse", disable=disable_tqdm) as bar:
+            for req, trace in zip(requests, run_many(jobs, self.concurrency)):
+                out.append(trace.output)
+                self.cache_hook.add_partial("generate_until", req.args, trace.output)
+                bar.update(1)
+        return out
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        raise self._refuse("loglikelihood")
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        raise self._refuse("loglikelihood_rolling")
+
+    @staticmethod
+    def _refuse(kind: str) -> ScoringNotSupported:
+        return ScoringNotSupported(
+            f"--model {NAME} generates text and does not score given continuations ({kind}): multiple-choice and "
+            "perplexity tasks (hellaswag, arc_*, mmlu, wikitext, ...) need loglikelihood. Use generation tasks "
+            f"(output_type: generate_until): this project's {', '.join(GENERATION_TASKS)} (--include_path "
+            "adafuse/harness/lm_eval_tasks) or lm-eval's own generate_until tasks (gsm8k, triviaqa, nq_open, ...)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """lm-eval's command line with the `adafuse` model registered (this module is imported by now)."""
+    from lm_eval.__main__ import cli_evaluate
+    sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else argv)]
+    cli_evaluate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

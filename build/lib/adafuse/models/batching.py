@@ -1,0 +1,349 @@
+"""Many decodes at once: each local model's forwards from every live decode, gathered into one packed forward.
+
+Every forward a view of a local model needs (a prefill chunk, one token of a confident span, exploration rows, scoring
+rows, speculative drafts) is a `Request`: rows of equal length fed after a cache of their own. A model's `Batcher`
+runs the requests that are waiting at the same moment as one forward: their tokens side by side in one sequence (no
+padding), each token at its own position, and attention computed per request against that request's own cache (the
+same shapes, masks and kernel as a request alone); only the layers that see one token at a time (projections, MLP,
+output layer) run once over all of them, which is where one forward per decode left the hardware idle.
+
+When does a batch start? Each decode has a `Rider`, working while it computes a step and waiting while one of its
+forwards is queued or running. A batch starts when no rider that uses this model is working (every live decode has
+asked for its next forward or waits on another model), or when the oldest request has waited GATHER_SECONDS (a decode
+busy elsewhere never holds the others back for longer). Decodes join and leave whenever they start and end: a batch
+is whatever is waiting, not a lock-step group. A request alone runs at once, in its caller's thread, through the same
+code (so one decode computes the same numbers alone as in company, up to the last bits of the shared layers).
+
+Caps (`max_rows`, `max_tokens`) bound one forward: requests past them wait for the next one (back-pressure; a request
+larger than the caps runs alone). A forward that fails (out of memory, a bad row) may have written some layers' keys
+and values into the requests' caches: every cache is put back as it was before that forward (`packed.restore`), then
+the requests are retried one by one, so one decode's error never reaches the others (a cache that cannot be put back
+fails its request with `ForwardError` instead of going on from a corrupted one). A request whose waiting thread is
+interrupted leaves the queue.
+
+What the models of one `ModelRegistry` share while decodes run is its `Runtime`: the condition its batchers wait
+on, the CPU's turn (two forwards that each use every core go one after the other) and the batchers' settings. A
+decode's `Rider` is its own (a lock for its counters) and wakes the batchers of every model it uses, whichever runtime
+they belong to. Nothing here is module-level state: two registries in one process share nothing but the cores; the
+current decode's rider and a thread's lean budget are context variables (each thread and context sees its own).
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+import functools
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+
+import torch
+
+from ..errors import ForwardError
+from .packed import (PACKED, Request, _device, cache_state, packed_forward, restore,  # noqa: F401 (re-exported)
+                     use_packed_attention)
+
+# Longest a request waits for decodes still working before its batch starts anyway.
+GATHER_SECONDS = 0.05
+# Default caps on one packed forward: rows (requests' rows) and token positions.
+MAX_ROWS = 256
+MAX_TOKENS = 8192
+
+# The decode computing in this context (Python's rule: context variables are made once, at module level; each
+# context holds its own value)
+_RIDER: contextvars.ContextVar["Rider | None"] = contextvars.ContextVar("adafuse_rider", default=None)
+# (thread, its torch thread budget) while a thread runs lean (`lean`)
+_LEAN: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("adafuse_lean", default=None)
+
+
+class Runtime:
+    """What the models of one registry share while they compute: `gate`, the condition their batchers' queues and
+    states are read and changed under; `cpu_turn`, held by a forward that uses every core of this machine's CPU; and
+    the settings of the batchers it makes (`gather_seconds`, `max_rows`, `max_tokens`, `attention`: see the module
+    doc). `ModelRegistry` makes one and gives it to every model it loads; a model made by hand has one of its own."""
+
+    def __init__(self, gather_seconds: float = GATHER_SECONDS, max_rows: int = MAX_ROWS,
+                 max_tokens: int = MAX_TOKENS, attention: str = "auto"):
+        self.gate = threading.Condition()
+        self.cpu_turn = threading.Lock()
+        self.gather_seconds, self.max_rows, self.max_tokens = gather_seconds, max_rows, max_tokens
+        self.attention = attention  # packed.ATTENTION_MODES: how a packed forward's attention runs
+
+    def batcher(self, model: torch.nn.Module) -> "Batcher":
+        return Batcher(model, self)
+
+    @contextmanager
+    def turn(self, model):
+        """A forward that uses every core of this machine's CPU waits for another one that does (two models' batches
+        at once would each run at half speed, and threads spinning on busy cores lose more); on a GPU, or with a thread
+        budget of its own (models side by side, `parallel.Workers`), it goes at once."""
+        if _device(model).type != "cpu" or torch.get_num_threads() < (os.cpu_count() or 1):
+            yield
+            return
+        with self.cpu_turn:
+            yield
+
+
+class Rider:
+    """One decode's presence at the batchers of the models it uses. `working()` marks the span of a step (the
+    batchers wait for a working rider's next request); a rider not inside one is idle and never waited for (a decode
+    a page keeps between Step presses, a finished one). Its counters change under its own lock; each change then wakes
+    the batchers it has joined (their runtimes' gates), never while holding one of them."""
+
+    def __init__(self):
+        self.working_depth = 0
+        self.waiting = 0
+        self._lock = threading.Lock()
+        self._gates: list[threading.Condition] = []
+
+    def join(self, gate: threading.Condition) -> None:
+        """A batcher under `gate` may wait for this rider: its changes wake that gate too."""
+        with self._lock:
+            if not any(g is gate for g in self._gates):
+                self._gates.append(gate)
+
+    def change(self, working: int = 0, waiting: int = 0) -> None:
+        with self._lock:
+            self.working_depth += working
+            self.waiting += waiting
+            gates = list(self._gates)
+        for gate in gates:  # after the change: a batcher that read the old value is waiting by now, and wakes
+            with gate:
+                gate.notify_all()
+
+    @contextmanager
+    def working(self):
+        """The decode computes: its forwards carry this rider, and batchers expect its requests."""
+        token = _RIDER.set(self)
+        self.change(working=1)
+        try:
+            yield self
+        finally:
+            self.change(working=-1)
+            _RIDER.reset(token)
+
+    @contextmanager
+    def waiting_for(self):
+        """A forward of this decode is queued or running, or it waits on something else: not expected meanwhile."""
+        self.change(waiting=1)
+        try:
+            yield
+        finally:
+            self.change(waiting=-1)
+
+    @property
+    def expected(self) -> bool:
+        """Working and not waiting for a forward: its next request may come any moment."""
+        return self.working_depth > 0 and self.waiting == 0
+
+
+def working(method):
+    """A method of an object with a `rider` that computes: the rider is working meanwhile (the models' batchers wait
+    for its forwards to share theirs with it)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self.rider.working():
+            return method(self, *args, **kwargs)
+    return call
+
+
+def current_rider() -> Rider | None:
+    return _RIDER.get()
+
+
+@contextmanager
+def waiting_elsewhere():
+    """The current decode waits on something other than a forward (another decode's prefill of the same prompt
+    prefix): the batchers do not wait for its requests meanwhile (as while its own forward is queued, `forward`)."""
+    rider = current_rider()
+    if rider is None:
+        yield
+        return
+    with rider.waiting_for():
+        yield
+
+
+class Batcher:
+    """The forwards of one local model: `forward` queues a request and returns when a forward has run it. Its queue and
+    state are read and changed under its runtime's `gate`; its caps and attention mode start as the runtime's."""
+
+    def __init__(self, model: torch.nn.Module, runtime: Runtime | None = None, *, max_rows: int | None = None,
+                 max_tokens: int | None = None, attention: str | None = None):
+        self.model = model
+        self.runtime = runtime = runtime or Runtime()
+        self.gate = runtime.gate
+        self.attention = attention or runtime.attention  # packed.ATTENTION_MODES: how a packed forward's attention runs
+        self.max_rows, self.max_tokens = max_rows or runtime.max_rows, max_tokens or runtime.max_tokens
+        self.packed = use_packed_attention(model)  # False: a model that cannot pack runs its requests one by one
+        self.queue: list[Request] = []
+        self.running = False
+        self.free_since = 0.0  # when the last forward ended
+        self.riders: weakref.WeakSet[Rider] = weakref.WeakSet()  # riders that sent a request here
+        # what it did: forwards run, requests served, the most requests and positions one forward carried
+        self.forwards = self.requests = self.peak_requests = self.peak_positions = 0
+
+    def expect(self, rider: Rider) -> None:
+        """A decode starting now will send requests here: its first forward is waited for like its later ones (four
+        prefills that start together run as one forward, not one alone and three packed)."""
+        rider.join(self.gate)
+        with self.gate:
+            self.riders.add(rider)
+
+    def forward(self, rows: list[list[int]], cache, keep: int | None = None) -> Request:
+        """Feed `rows` (equal lengths) after `cache`'s positions, in a forward with whatever else waits; returns the
+        served request (its `logprobs`, `seconds`, `riders`), or raises the error its forward raised."""
+        assert rows and all(len(r) == len(rows[0]) for r in rows) and rows[0], "rows of equal, non-zero length"
+        req = Request([list(r) for r in rows], cache, keep, current_rider())
+        rider, gate = req.rider, self.gate
+        if rider is not None:
+            self.expect(rider)
+        with gate:
+            self.queue.append(req)
+            gate.notify_all()
+        if rider is not None:  # queued first: no batch starts between this rider's last step and its request
+            rider.change(waiting=1)
+        try:
+            while True:
+                with gate:
+                    while not req.done and (self.running or not self._ready()):
+                        gate.wait(self._wait_left())
+                    if req.done:
+                        break
+                    batch = self._take()
+                    self.running = True
+                try:
+                    self._run(batch)
+                finally:
+                    with gate:
+                        self.running = False
+                        self.free_since = time.monotonic()
+                        for r in batch:
+                            r.done = True
+                        gate.notify_all()
+        finally:
+            with gate:
+                if not req.done and req in self.queue:  # the waiting thread was interrupted: no forward runs it now
+                    self.queue.remove(req)
+                gate.notify_all()
+            if rider is not None:
+                rider.change(waiting=-1)
+        if req.error is not None:
+            raise req.error
+        return req
+
+    # ---- scheduling (under the gate) ----
+    def _waited(self) -> float:
+        """How long the oldest request has waited for others since the model was free (not behind a forward)."""
+        return time.monotonic() - max(self.queue[0].since, self.free_since)
+
+    def _ready(self) -> bool:
+        if not self.queue:
+            return False
+        if self._waited() >= self.runtime.gather_seconds:
+            return True
+        return not any(r.expected for r in self.riders)
+
+    def _wait_left(self) -> float:
+        if not self.queue:
+            return self.runtime.gather_seconds
+        return max(0.001, self.runtime.gather_seconds - self._waited())
+
+    def _take(self) -> list[Request]:
+        """The queued requests, oldest first, as many as the caps allow (at least one)."""
+        batch, rows, positions = [], 0, 0
+        for r in self.queue:
+            if batch and (rows + len(r.rows) > self.max_rows or positions + r.positions > self.max_tokens):
+                break
+            batch.append(r)
+            rows, positions = rows + len(r.rows), positions + r.positions
+        del self.queue[: len(batch)]
+        return batch
+
+    # ---- running (outside the gate) ----
+    def _run(self, batch: list[Request]) -> None:
+        states = [cache_state(r.cache) for r in batch]
+        try:
+            self._forward(batch)
+        except BaseException as exc:  # noqa: BLE001 - each request gets its own answer below
+            for r, state in zip(batch, states):  # as before the forward: no layer holds part of it
+                if state is not None:
+                    restore(r.cache, state)
+            if len(batch) == 1:
+                batch[0].error = exc
+                return
+            for r, state in zip(batch, states):  # one request's trouble (memory, a bad row) must not fail the others
+                if state is None:
+                    r.error = ForwardError(f"a forward shared with other decodes failed ({type(exc).__name__}: "
+                                           f"{exc}) and this decode's cache cannot be restored (it is written in "
+                                           "place): start the decode again")
+                    continue
+                try:
+                    self._forward([r])
+                except BaseException as one:  # noqa: BLE001 - raised in that request's own thread
+                    restore(r.cache, state)
+                    r.error = one
+
+    @torch.inference_mode()
+    def _forward(self, batch: list[Request]) -> None:
+        if self.packed and getattr(self.model.config, "_attn_implementation", None) != PACKED:
+            self.packed = use_packed_attention(self.model)  # someone switched the model's attention since
+        with _full_threads(), self.runtime.turn(self.model):
+            t0 = time.perf_counter()
+            if self.packed:
+                outs = packed_forward(self.model, batch, self.attention)
+            else:
+                outs = [torch.log_softmax(_plain_forward(self.model, r).float(), dim=-1) for r in batch]
+            if outs and outs[0].device.type == "cuda":
+                torch.cuda.current_stream(outs[0].device).synchronize()
+            seconds = time.perf_counter() - t0
+        total = sum(r.positions for r in batch)
+        decodes = len({id(r.rider) if r.rider is not None else id(r) for r in batch})
+        for r, logprobs in zip(batch, outs):
+            r.logprobs, r.seconds, r.riders = logprobs, seconds * r.positions / total, decodes
+        self.forwards += 1
+        self.requests += len(batch)
+        self.peak_requests = max(self.peak_requests, len(batch))
+        self.peak_positions = max(self.peak_positions, total)
+
+
+@contextmanager
+def lean():
+    """This thread (one of many decodes' threads) computes its own small tensor work on one CPU thread meanwhile: many
+    threads each starting a team of CPU threads for an argmax would crowd the cores a batched forward needs. A forward
+    it leads still gets the budget the thread had (`_full_threads`); workers it hands work to (`parallel.Workers`, in
+    a copy of its context) keep their own."""
+    budget = torch.get_num_threads()
+    token = _LEAN.set((threading.get_ident(), budget))
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(budget)
+        _LEAN.reset(token)
+
+
+def run_lean(fn, *args):
+    """`fn(*args)` with this thread lean (`lean`): what the threads of many decodes run."""
+    with lean():
+        return fn(*args)
+
+
+@contextmanager
+def _full_threads():
+    leaning = _LEAN.get()
+    if leaning is None or leaning[0] != threading.get_ident():
+        yield
+        return
+    torch.set_num_threads(leaning[1])
+    try:
+        yield
+    finally:
+        torch.set_num_threads(1)
+
+
+def _plain_forward(model, r: Request) -> torch.Tensor:
+    """One request as the model's own forward computes it (a model that cannot pack)."""
+    ids = torch.tensor(r.rows, device=_device(model))
+    kw = {"logits_to_keep": r.keep} if r.keep is not None else {}
+    logits = model(input_ids=ids, past_key_values=r.cache, use_cache=True, **kw).logits
+    return logits if r.keep is None else logits[:, -r.keep:]
