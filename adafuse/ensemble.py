@@ -6,12 +6,15 @@ from dataclasses import replace
 from typing import Iterable, Iterator, Sequence
 
 from .config import DecodeConfig
-from .decoder import Decoding
+from .decoder import Decoding, unique_names
+from .gate import load_gate
 from .models import LoadedModel, get_model
 from .many import DEFAULT_CONCURRENCY, run_many
 from .methods import Greedy
 from .replay import branch_from
+from .scorer import Likelihood, Scorer
 from .trace import Round, Trace
+from .words import count_words
 
 
 class AdaFuse:
@@ -46,6 +49,33 @@ class AdaFuse:
         the trace `generate` gives for that prompt alone (the models' forwards are shared among the decodes in flight:
         models/batching.py). The first prompt that fails raises its error."""
         return list(run_many([functools.partial(self.generate, p) for p in prompts], concurrency))
+
+    def scorer(self) -> Scorer:
+        """Scores given text with these models, fused with this ensemble's weights or learned gate."""
+        names = unique_names(self.models)
+        gate = None
+        if self.config.gate and len(self.models) > 1:
+            gate = load_gate(self.config.gate)
+            gate.check(names, self.config.normalize)
+        return Scorer(self.models, names, self.config.weights, gate, self.config.tau)
+
+    def score(self, context: str, continuations: Sequence[str], is_greedy: bool = False) -> list[Likelihood]:
+        """How likely each model finds each continuation after `context`, each in its own tokens, and the fused
+        log-likelihood (adafuse/scorer.py says where the boundary falls). With `is_greedy`, also whether the fused
+        decode of `context` writes the continuation: one decode of as many words as the longest continuation."""
+        scored = self.scorer().score(context, continuations)
+        if is_greedy and context.strip() and scored:
+            words = max(1, max(count_words(c) for c in continuations))
+            out = AdaFuse(self.models, replace(self.config, max_new_words=words, stop=()), self.parallel,
+                          self.threads).generate(context).output
+            for s in scored:
+                s.is_greedy = out.startswith(s.continuation) if s.continuation.strip() else None
+        return scored
+
+    def score_rolling(self, text: str) -> Likelihood:
+        """How likely each model finds the whole of `text` from its start (windows of each model's context size) and
+        the fused log-likelihood."""
+        return self.scorer().rolling(text)
 
     def branch(self, trace: Trace, round_index: int, candidate: int) -> Decoding:
         """`branch_from` with these models: the trace's own settings decide, not this object's config."""

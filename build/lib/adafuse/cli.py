@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -246,6 +247,26 @@ def run(args) -> int:
     return 0
 
 
+def _explained(exc: Exception, command: str = "") -> str:
+    """An error as a user reads it: a package missing from this install says which extra of this package brings it
+    (read from the installed package's own requirements)."""
+    if not isinstance(exc, ModuleNotFoundError):
+        return str(exc)
+    from importlib import metadata
+    try:
+        requires = metadata.requires("adafuse-explorer") or []
+    except metadata.PackageNotFoundError:
+        requires = []
+    top = (exc.name or "").split(".")[0].lower()
+    extras = sorted({m.group(1) for r in requires if (m := re.search(r'extra == "([^"]+)"', r))
+                     and re.split(r"[\s\[=<>;!~]", r, maxsplit=1)[0].lower().replace("-", "_") == top})
+    if not extras:
+        return f"the package {exc.name!r} is missing: {exc}"
+    extra = command if command in extras else extras[0]  # `adafuse eval`: the eval extra
+    return (f"this command needs {exc.name}, which comes with the {' or '.join(extras)} extra: "
+            f"pip install 'adafuse-explorer[{extra}]'")
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the models' worker threads tokenize; no forked pools
@@ -256,14 +277,14 @@ def main(argv=None) -> int:
                   "serve": ".server.cli", "lm-eval": ".harness.lm_eval_model"}[argv[0]]
         try:
             return import_module(module, __package__).main(argv[1:])
-        except AdafuseError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        except (AdafuseError, ModuleNotFoundError) as exc:
+            print(f"error: {_explained(exc, argv[0])}", file=sys.stderr)
             return 2
     args = build_parser().parse_args(argv)
     try:
         return run_eval(args) if args.command == "eval" else run(args)
-    except AdafuseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (AdafuseError, ModuleNotFoundError) as exc:
+        print(f"error: {_explained(exc, args.command)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
