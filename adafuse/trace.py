@@ -234,100 +234,100 @@ class Trace:
     def check(self) -> None:
         """Raise TraceError naming the first field whose type, index or length is wrong, or whose numbers do not add
         up (`_check_numbers`)."""
-        def bad(where: str, what: str):
-            raise TraceError(f"this trace is inconsistent: {where} {what}; load a file written by Trace.save or "
-                             "the app's export")
+        self._check_header()
+        for i, r in enumerate(self.rounds):
+            self._check_round(f"rounds[{i}]", r)
+        if self.version >= 2 and "".join(r.text for r in self.rounds if isinstance(r.text, str)) != self.output:
+            _bad("output", "is not the rounds' texts joined (every round appends its text to the output)")
+        self._check_numbers()
 
-        num = _num
+    def _check_header(self) -> None:
+        """The trace's own fields: prompt, output, models, settings, version and the mid-decode changes."""
         if not isinstance(self.prompt, str) or not isinstance(self.output, str):
-            bad("prompt/output", "must be text")
+            _bad("prompt/output", "must be text")
         if not isinstance(self.models, list) or not all(isinstance(m, str) for m in self.models) or not self.models:
-            bad("models", "must be a list of model names")
+            _bad("models", "must be a list of model names")
         if not isinstance(self.settings, dict):
-            bad("settings", "must be an object")
+            _bad("settings", "must be an object")
         if isinstance(self.version, bool) or not isinstance(self.version, int):
-            bad("version", f"is {self.version!r}, not a version number")
+            _bad("version", f"is {self.version!r}, not a version number")
         for i, ch in enumerate(self.changes if isinstance(self.changes, list) else [None]):
             if not isinstance(ch, dict) or not isinstance(ch.get("from_round"), int) or isinstance(
                     ch.get("from_round"), bool) or ch["from_round"] < 0 or not isinstance(ch.get("settings"), dict):
-                bad(f"changes[{i}]", "must be {from_round: round index, settings: {...}}")
+                _bad(f"changes[{i}]", "must be {from_round: round index, settings: {...}}")
         for where, settings in [("settings", self.settings)] + [(f"changes[{i}].settings", ch["settings"])
                                                                 for i, ch in enumerate(self.changes)]:
             w = settings.get("weights")
             if w is not None and (not isinstance(w, (list, tuple)) or len(w) not in (0, len(self.models))
-                                  or not all(num(x) and x >= 0 for x in w)):
-                bad(f"{where}.weights", f"is {w!r}: give one non-negative number per model ({len(self.models)}) "
-                    "or none")
-        for i, r in enumerate(self.rounds):
-            at = f"rounds[{i}]"
-            n = len(r.candidates) if isinstance(r.candidates, list) else 0
-            for name in ("chosen", "winner"):
-                v = getattr(r, name)
-                if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
-                    bad(f"{at}.{name}", f"is {v!r}, not a candidate index (0..{n - 1})")
-            if not isinstance(r.overridden, bool):
-                bad(f"{at}.overridden", "must be true or false")
-            if not isinstance(r.text, str) or isinstance(r.words, bool) or not isinstance(r.words, int):
-                bad(f"{at}.text/words", "must be text and a whole number")  # (version 1 traces hold -1 after a cut)
-            if not num(r.seconds):
-                bad(f"{at}.seconds", "must be a number")
-            if not isinstance(r.weights, dict) or not all(m in self.models and num(v) and v >= 0
-                                                          for m, v in r.weights.items()):
-                bad(f"{at}.weights", "must map the trace's models to non-negative numbers")
-            if not isinstance(r.features, dict) or not all(
-                    m in self.models and isinstance(v, list) and all(num(x) for x in v) for m, v in r.features.items()):
-                bad(f"{at}.features", "must map the trace's models to lists of numbers")
-            if len(r.steps) != len(self.models):
-                bad(f"{at}.steps", f"has {len(r.steps)} entries for {len(self.models)} models")
-            for j, st in enumerate(r.steps):
-                if st.model not in self.models:
-                    bad(f"{at}.steps[{j}].model", f"{st.model!r} is not one of the trace's models")
-                if not isinstance(st.margins, list) or not all(num(x) for x in st.margins):
-                    bad(f"{at}.steps[{j}].margins", "must be a list of numbers")
-                if not all(-ROUNDING <= x <= 1 + ROUNDING for x in st.margins):
-                    bad(f"{at}.steps[{j}].margins", f"are {st.margins}: a margin Δ = p(top1) − p(top2) lies in 0..1")
-                if not isinstance(st.proposals, list) or not all(
-                        isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n for x in st.proposals):
-                    bad(f"{at}.steps[{j}].proposals", f"must be candidate indices (0..{n - 1})")
-                for f in ("forward_passes", "tokens_fed", "seconds", "draft_tokens", "accepted_tokens", "verify_passes",
-                          "scores_from_drafts"):
-                    if not num(getattr(st, f)) or getattr(st, f) < 0:
-                        bad(f"{at}.steps[{j}].{f}", "must be a number, never negative")
-                sel = st.selection
-                toks = sel.get("tokens", []) if isinstance(sel, dict) else None
-                if not isinstance(toks, list) or not all(
-                        isinstance(x, dict) and isinstance(x.get("picked"), bool)
-                        and all(num(x.get(f)) for f in ("p", "penalty", "score"))
-                        and all(num(x.get(f), none=True) for f in ("similarity", "logp"))
-                        and all(x.get(f) is None or isinstance(x.get(f), int) and not isinstance(x.get(f), bool)
-                                for f in ("rank", "order", "like"))
-                        and isinstance(x.get("text", ""), str) for x in toks) \
-                        or not all(num(sel.get(f), none=True) for f in ("lambda", "bandwidth")):
-                    bad(f"{at}.steps[{j}].selection", "must be an object whose tokens each have p, penalty, score "
-                        "numbers and a picked flag")
-            for j, c in enumerate(r.candidates):
-                where = f"{at}.candidates[{j}]"
-                if not isinstance(c.text, str) or not isinstance(c.eos, bool):
-                    bad(where, "needs text and an eos flag")
-                if not isinstance(c.proposers, list) or not num(c.fused, none=True):
-                    bad(where, "needs a proposer list and a fused score (or null)")
-                if isinstance(c.words, bool) or not isinstance(c.words, int) or c.words < 0:
-                    bad(f"{where}.words", f"is {c.words!r}, not a count of words")
-                for f in ("nll", "n_tokens", "straddle", "notes", "end_term"):
-                    if not isinstance(getattr(c, f), dict):
-                        bad(f"{where}.{f}", "must be an object keyed by model")
-                if not all(m in self.models and num(v, none=True) for m, v in c.nll.items()):
-                    bad(f"{where}.nll", "must map the trace's models to finite numbers (or null)")
-                if not all(num(v, none=True) for v in c.end_term.values()):
-                    bad(f"{where}.end_term", "must hold finite numbers (or null)")
-                if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in c.n_tokens.values()) \
-                        or any(v is not None and m not in c.n_tokens for m, v in c.nll.items()):
-                    bad(f"{where}.n_tokens", "must give each scoring model's count of tokens (a whole number)")
-        if self.version >= 2 and "".join(r.text for r in self.rounds if isinstance(r.text, str)) != self.output:
-            bad("output", "is not the rounds' texts joined (every round appends its text to the output)")
-        self._check_numbers(bad)
+                                  or not all(_num(x) and x >= 0 for x in w)):
+                _bad(f"{where}.weights", f"is {w!r}: give one non-negative number per model ({len(self.models)}) "
+                     "or none")
 
-    def _check_numbers(self, bad) -> None:
+    def _check_round(self, at: str, r: Round) -> None:
+        """One round's fields (`at`: "rounds[i]"), then each of its steps and candidates."""
+        n = len(r.candidates) if isinstance(r.candidates, list) else 0
+        for name in ("chosen", "winner"):
+            v = getattr(r, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
+                _bad(f"{at}.{name}", f"is {v!r}, not a candidate index (0..{n - 1})")
+        if not isinstance(r.overridden, bool):
+            _bad(f"{at}.overridden", "must be true or false")
+        if not isinstance(r.text, str) or isinstance(r.words, bool) or not isinstance(r.words, int):
+            _bad(f"{at}.text/words", "must be text and a whole number")  # (version 1 traces hold -1 after a cut)
+        if not _num(r.seconds):
+            _bad(f"{at}.seconds", "must be a number")
+        if not isinstance(r.weights, dict) or not all(m in self.models and _num(v) and v >= 0
+                                                      for m, v in r.weights.items()):
+            _bad(f"{at}.weights", "must map the trace's models to non-negative numbers")
+        if not isinstance(r.features, dict) or not all(
+                m in self.models and isinstance(v, list) and all(_num(x) for x in v) for m, v in r.features.items()):
+            _bad(f"{at}.features", "must map the trace's models to lists of numbers")
+        if len(r.steps) != len(self.models):
+            _bad(f"{at}.steps", f"has {len(r.steps)} entries for {len(self.models)} models")
+        for j, st in enumerate(r.steps):
+            self._check_step(f"{at}.steps[{j}]", st, n)
+        for j, c in enumerate(r.candidates):
+            self._check_candidate(f"{at}.candidates[{j}]", c)
+
+    def _check_step(self, where: str, st: ModelStep, n: int) -> None:
+        """One model's step in a round of `n` candidates: its model, margins, proposals, counters and selection."""
+        if st.model not in self.models:
+            _bad(f"{where}.model", f"{st.model!r} is not one of the trace's models")
+        if not isinstance(st.margins, list) or not all(_num(x) for x in st.margins):
+            _bad(f"{where}.margins", "must be a list of numbers")
+        if not all(-ROUNDING <= x <= 1 + ROUNDING for x in st.margins):
+            _bad(f"{where}.margins", f"are {st.margins}: a margin Δ = p(top1) − p(top2) lies in 0..1")
+        if not isinstance(st.proposals, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n for x in st.proposals):
+            _bad(f"{where}.proposals", f"must be candidate indices (0..{n - 1})")
+        for f in ("forward_passes", "tokens_fed", "seconds", "draft_tokens", "accepted_tokens", "verify_passes",
+                  "scores_from_drafts"):
+            if not _num(getattr(st, f)) or getattr(st, f) < 0:
+                _bad(f"{where}.{f}", "must be a number, never negative")
+        if not _selection_ok(st.selection):
+            _bad(f"{where}.selection", "must be an object whose tokens each have p, penalty, score numbers and a "
+                 "picked flag")
+
+    def _check_candidate(self, where: str, c: Candidate) -> None:
+        """One candidate's text, flags, proposers, fused score, word count and its per-model objects."""
+        if not isinstance(c.text, str) or not isinstance(c.eos, bool):
+            _bad(where, "needs text and an eos flag")
+        if not isinstance(c.proposers, list) or not _num(c.fused, none=True):
+            _bad(where, "needs a proposer list and a fused score (or null)")
+        if isinstance(c.words, bool) or not isinstance(c.words, int) or c.words < 0:
+            _bad(f"{where}.words", f"is {c.words!r}, not a count of words")
+        for f in ("nll", "n_tokens", "straddle", "notes", "end_term"):
+            if not isinstance(getattr(c, f), dict):
+                _bad(f"{where}.{f}", "must be an object keyed by model")
+        if not all(m in self.models and _num(v, none=True) for m, v in c.nll.items()):
+            _bad(f"{where}.nll", "must map the trace's models to finite numbers (or null)")
+        if not all(_num(v, none=True) for v in c.end_term.values()):
+            _bad(f"{where}.end_term", "must hold finite numbers (or null)")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in c.n_tokens.values()) \
+                or any(v is not None and m not in c.n_tokens for m, v in c.nll.items()):
+            _bad(f"{where}.n_tokens", "must give each scoring model's count of tokens (a whole number)")
+
+    def _check_numbers(self) -> None:
         """The numbers add up: every NLL and end term is one a model can give, every fused score is what the decoder
         computes from its candidate's NLLs under the round's weights and normalization (`fused_score`; token union:
         the log of the models' mean probability), the winner has the lowest fused score, and a chosen candidate
@@ -346,11 +346,11 @@ class Trace:
                 where = f"{at}.candidates[{j}]"
                 for m, v in c.nll.items():
                     if v is not None and not -top <= v <= NLL_MAX:
-                        bad(f"{where}.nll[{m!r}]", f"is {v!r}: an NLL (−mean log p per token) lies between "
+                        _bad(f"{where}.nll[{m!r}]", f"is {v!r}: an NLL (−mean log p per token) lies between "
                             f"{'−' * (shown != '0')}{shown} and {NLL_MAX:g}")
                 for m, v in c.end_term.items():
                     if v is not None and not -NLL_MAX <= v <= top:
-                        bad(f"{where}.end_term[{m!r}]", f"is {v!r}: a log-probability of the end lies between "
+                        _bad(f"{where}.end_term[{m!r}]", f"is {v!r}: a log-probability of the end lies between "
                             f"−{NLL_MAX:g} and {shown}")
                 if union:  # each NLL is −log max(p, floor), the fused score −log max(mean p, floor)
                     probs = [math.exp(-v) for v in c.nll.values() if v is not None]
@@ -366,16 +366,16 @@ class Trace:
                     per = "token" if normalize == "token" else "word"
                     how = f"the weighted mean of its NLLs (weights {listed}; per {per})"
                 if not ok:
-                    bad(f"{where}.fused", f"is {c.fused!r}, but {how} is {expected!r}")
+                    _bad(f"{where}.fused", f"is {c.fused!r}, but {how} is {expected!r}")
             best = r.candidates[r.winner].fused
             lower = [k for k, c in enumerate(r.candidates) if c.fused is not None
                      and (best is None or c.fused < best and not _close(c.fused, best))]
             if lower:
                 k = lower[0]
-                bad(f"{at}.winner", f"is candidate {r.winner} (fused {best!r}), but candidate {k} scores lower "
+                _bad(f"{at}.winner", f"is candidate {r.winner} (fused {best!r}), but candidate {k} scores lower "
                     f"({r.candidates[k].fused!r}): the winner is the lowest fused score")
             if r.overridden != (r.chosen != r.winner):
-                bad(f"{at}.chosen", f"is candidate {r.chosen} and the winner {r.winner}, but overridden is "
+                _bad(f"{at}.chosen", f"is candidate {r.chosen} and the winner {r.winner}, but overridden is "
                     f"{r.overridden}: a round commits its winner unless a pick of another candidate is recorded")
 
     def to_json(self) -> str:
@@ -400,6 +400,25 @@ class Trace:
             raise TraceError(f"{Path(path).name} is JSON but not an AdaFuse trace (no 'rounds'/'models'); "
                              "pick a file exported by AdaFuse")
         return cls.from_dict(data)
+
+
+def _bad(where: str, what: str):
+    """Refuse the trace: `where` is the field, `what` what is wrong with it."""
+    raise TraceError(f"this trace is inconsistent: {where} {what}; load a file written by Trace.save or the app's "
+                     "export")
+
+
+def _selection_ok(sel) -> bool:
+    """An explore step's record of its first tokens (`ModelStep.selection`) has the fields the views read."""
+    toks = sel.get("tokens", []) if isinstance(sel, dict) else None
+    return isinstance(toks, list) and all(
+        isinstance(x, dict) and isinstance(x.get("picked"), bool)
+        and all(_num(x.get(f)) for f in ("p", "penalty", "score"))
+        and all(_num(x.get(f), none=True) for f in ("similarity", "logp"))
+        and all(x.get(f) is None or isinstance(x.get(f), int) and not isinstance(x.get(f), bool)
+                for f in ("rank", "order", "like"))
+        and isinstance(x.get("text", ""), str) for x in toks) \
+        and all(_num(sel.get(f), none=True) for f in ("lambda", "bandwidth"))
 
 
 def _num(v, none: bool = False) -> bool:

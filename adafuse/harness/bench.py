@@ -10,7 +10,7 @@ import json
 import re
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -113,7 +113,8 @@ def side_by_side_floor(models, context: int = 500, steps: int = 16) -> list[str]
     return lines
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The benchmark's command line."""
     p = argparse.ArgumentParser(prog="python -m adafuse.harness.bench", description=__doc__)
     p.add_argument("--data", type=Path, default=None, help="folder with triviaqa/ and gsm8k/ (default: tasks.data_dir())")
     p.add_argument("--trivia", type=int, default=20)
@@ -134,7 +135,11 @@ def main(argv=None) -> int:
                         "--no-speculate, same prompts)")
     p.add_argument("--attention", choices=ATTENTION_MODES, default="auto",
                    help="with --concurrency: how a packed forward's attention runs (models/packed.py; default auto)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     args.data = args.data or data_dir()  # found now, not at import
     if args.remote:
         return remote_bench(args)
@@ -148,6 +153,27 @@ def main(argv=None) -> int:
         work = [(t, prompt, replace(cfg, branches=3, speculate=args.speculate))
                 for t, prompt, cfg in tasks(args.data, args.trivia, args.gsm8k)]
         return concurrency_bench(models, work, [check_concurrency(n) for n in args.concurrency], args.rounds)
+    methods = _methods()
+    work = tasks(args.data, args.trivia, args.gsm8k)
+    side_by_side = any(n.endswith(" parallel") and (not args.only or any(o in n for o in args.only)) for n in methods)
+    floor = side_by_side_floor(models) if side_by_side and all(m.device.type == "cpu" for m in models) else []
+    # one untimed decode first: the first decode of a process pays one-time costs (allocator, first kernels, the
+    # prompt's prefix), which would otherwise land on whichever method the table lists first
+    for kw in (dict(parallel=False), dict(parallel=True)):
+        for _ in AdaFuse(models, replace(work[0][2], max_new_words=8), tau=0.7, **kw).start(work[0][1]):
+            pass
+    tables = _Tables()
+    sink = args.out.open("w") if args.out else None
+    for task in ("triviaqa", "gsm8k"):
+        items = [(prompt, cfg) for t, prompt, cfg in work if t == task]
+        if items:
+            _bench_task(task, items, models, methods, args.only, tables, sink)
+    _print_report(tables, models, floor)
+    return 0
+
+
+def _methods() -> dict[str, dict]:
+    """The ensemble methods the table compares, by name: AdaFuse's and its settings."""
     methods = {}
     # without speculation, the algorithm's own forwards (the speculative rows below save some of them)
     for name, kw in (("AdaFuse B=1", dict(branches=1)), ("AdaFuse B=3", dict(branches=3)),
@@ -163,153 +189,200 @@ def main(argv=None) -> int:
         methods[f"AdaFuse B={b} speculative sequential"] = dict(branches=b, parallel=False, speculate=True)
         methods[f"AdaFuse B={b} speculative spans-only sequential"] = dict(branches=b, parallel=False, speculate=True,
                                                                            draft_lookup=False)
-    work = tasks(args.data, args.trivia, args.gsm8k)
-    side_by_side = any(n.endswith(" parallel") and (not args.only or any(o in n for o in args.only)) for n in methods)
-    floor = side_by_side_floor(models) if side_by_side and all(m.device.type == "cpu" for m in models) else []
-    # one untimed decode first: the first decode of a process pays one-time costs (allocator, first kernels, the
-    # prompt's prefix), which would otherwise land on whichever method the table lists first
-    for kw in (dict(parallel=False), dict(parallel=True)):
-        for _ in AdaFuse(models, replace(work[0][2], max_new_words=8), tau=0.7, **kw).start(work[0][1]):
-            pass
-    rows, quarters, peaks, selecting, speculating, mixing = [], {}, {}, [], [], []
-    order: list[str] = []  # every method's name, in the table's order
-    sink = args.out.open("w") if args.out else None
-    for task in ("triviaqa", "gsm8k"):
-        items = [(prompt, cfg) for t, prompt, cfg in work if t == task]
-        if not items:
-            continue
-        stats: dict[str, dict] = {}
-        sel: dict[str, list] = {}
+    return methods
 
-        def ensemble(prompt, cfg, kw, name):
-            d = AdaFuse(models, cfg, tau=0.7, **kw).start(prompt)
-            for _ in d:
-                pass
-            # selection seconds, selections, explore-round seconds, decode seconds, explore rounds
-            acc = sel.setdefault(name, [0.0, 0, 0.0, 0.0, 0])
-            for s in d.sessions:
-                peaks[s.name] = max(peaks.get(s.name, 0), s.peak_side_bytes)
-                acc[0] += s.selection_seconds
-                acc[1] += s.selections_made
-            explored = [r for r in d.trace.rounds if any(st.mode == "explore" for st in r.steps)]
-            acc[2] += sum(r.seconds for r in explored)
-            acc[4] += len(explored)
-            acc[3] += sum(r.seconds for r in d.trace.rounds)
-            return d.trace
 
-        runs = [(name, lambda pr, c, kw=kw, name=name: ensemble(pr, c, kw, name)) for name, kw in methods.items()]
-        runs += [(f"{lm.name} alone", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
-        if args.only:
-            runs = [(n, fn) for n, fn in runs if any(o in n for o in args.only)]
-        order += [name for name, _ in runs if name not in order]
-        for name, _ in runs:
-            stats[name] = {"words": 0, "wall": 0.0, "decode": 0.0, "rounds": 0, "slower": 0.0, "sum": 0.0,
-                           "outputs": [], "spec": [0] * len(SPEC_COUNTERS), "writers": {},
-                           **{m.name: [0, 0] for m in models}}
-        # every method on one prompt before the next prompt, starting one method further on each prompt: a drift of
-        # the machine's speed (another process, the clock) lands on all methods alike instead of on whichever ran
-        # last, and the methods compared below (speculative or not, side by side or not) run minutes apart at most.
-        # The mixture draws its writers from `seed`: one seed per prompt (only the mixture reads it), else every
-        # answer would have the same writer for its first word, its second, ... and the cost would follow whichever
-        # model that one sequence favours
-        for i, (prompt, cfg) in enumerate(items):
-            for name, fn in runs[i % len(runs):] + runs[:i % len(runs)]:
-                st = stats[name]
-                t0 = time.perf_counter()
-                tr = fn(prompt, replace(cfg, seed=i))
-                st["wall"] += time.perf_counter() - t0
-                st["words"] += tr.words
-                st["decode"] += sum(r.seconds for r in tr.rounds)
-                st["rounds"] += len(tr.rounds)
-                st["slower"] += sum(max(x.seconds for x in r.steps) for r in tr.rounds)
-                st["sum"] += sum(sum(x.seconds for x in r.steps) for r in tr.rounds)
-                st["outputs"].append(tr.output)
-                for r in tr.rounds:  # the mixture: who wrote each word
-                    for x in r.steps:
-                        if x.mode == "write":
-                            st["writers"][x.model] = st["writers"].get(x.model, 0) + r.words
-                for k, key in enumerate(SPEC_COUNTERS):
-                    st["spec"][k] += sum(getattr(x, key) for r in tr.rounds for x in r.steps)
-                for m in tr.models:
-                    c, pre = tr.cost(m), tr.prefill[m]
-                    st[m][0] += c["forward_passes"] - pre["forward_passes"]
-                    st[m][1] += c["tokens_fed"] - pre["tokens_fed"]
-                if task == "gsm8k" and tr.words >= 100:
-                    quarters.setdefault(name, []).append(quarter_ratio(tr))
-                if sink:
-                    sink.write(json.dumps({"task": task, "method": name, "trace": tr.to_dict()}) + "\n")
-                    sink.flush()
-            print(f"  {task:8s} prompt {i + 1}/{len(items)} done", file=sys.stderr, flush=True)
-        for name, st in stats.items():
-            print(f"  {task:8s} {name:28s} {st['words']:5d} words {st['wall']:7.1f}s", file=sys.stderr, flush=True)
-        single = sum(stats[f"{m.name} alone"]["decode"] / max(1, stats[f"{m.name} alone"]["words"])
-                     for m in models if f"{m.name} alone" in stats) or float("nan")
-        for name, st in stats.items():
-            per = st["decode"] / max(1, st["words"])
-            row = {"task": task, "method": name, "words": st["words"], "wall s": round(st["wall"], 1),
-                   "decode s/word": round(per, 3)}
-            for m in models:
-                row[f"fwd {m.name}"], row[f"tok {m.name}"] = st[m.name]
-            row["fwd/word"] = round(sum(st[m.name][0] for m in models) / max(1, st["words"]), 2)
-            row["÷ sum of singles"] = round(per / single, 2)
-            row["÷ mean single"] = round(per / (single / len(models)), 2)
-            seq = stats.get(name.replace(" parallel", " sequential")) if name.endswith(" parallel") else None
-            row["÷ sequential"] = round(per / (seq["decode"] / max(1, seq["words"])), 2) if seq else ""
-            rounds = max(1, st["rounds"])
-            row["round wall ms"] = round(1000 * st["decode"] / rounds)
-            row["slower model ms"] = round(1000 * st["slower"] / rounds)
-            row["models' sum ms"] = round(1000 * st["sum"] / rounds)
-            rows.append(row)
-            alone = {m.name: stats[f"{m.name} alone"] for m in models if f"{m.name} alone" in stats}
-            if st["writers"] and len(alone) == len(models):  # against the writers' own speed, word by word
-                own = sum(n * alone[m]["decode"] / max(1, alone[m]["words"]) for m, n in st["writers"].items())
-                mixing.append({"task": task, "method": name,
-                               **{f"words by {m.name}": st["writers"].get(m.name, 0) for m in models},
-                               "s/word": round(per, 3), "writers alone s/word": round(own / max(1, st["words"]), 3),
-                               "÷ writers alone": round(per / (own / max(1, st["words"])), 2),
-                               "÷ mean single": row["÷ mean single"]})
-            plain = stats.get(re.sub(r" speculative( spans-only)?", "", name)) if " speculative" in name else None
-            if plain:
-                fwd = lambda x: sum(x[m.name][0] for m in models) / max(1, x["words"])  # noqa: E731
-                spw = lambda x: x["decode"] / max(1, x["words"])  # noqa: E731
-                drafted, accepted, verifies, scored = st["spec"]
-                speculating.append({
-                    "task": task, "method": name.replace(" sequential", ""),
-                    "same output": f"{sum(a == b for a, b in zip(st['outputs'], plain['outputs']))}/{len(items)}",
-                    "fwd/word": f"{fwd(plain):.2f} → {fwd(st):.2f}", "Δ fwd/word %": round(100 * (fwd(st) / fwd(plain) - 1), 1),
-                    "s/word": f"{spw(plain):.3f} → {spw(st):.3f}", "Δ s/word %": round(100 * (spw(st) / spw(plain) - 1), 1),
-                    "draft tokens": drafted, "accepted": accepted, "verify fwd": verifies,
-                    "scores from drafts": scored, "saved fwd": accepted - verifies + scored})
-        for name, (secs, count, explore_s, decode_s, n_explored) in sel.items():
-            if count:
-                selecting.append({"task": task, "method": name, "explore steps": count, "explore rounds": n_explored,
-                                  "selection ms/step": round(1000 * secs / count, 2),
-                                  "explore round ms": round(1000 * explore_s / max(1, n_explored), 1),
-                                  "% of explore rounds": round(100 * secs / explore_s, 2) if explore_s else None,
-                                  "% of decode": round(100 * secs / decode_s, 2) if decode_s else None})
-    print(format_table(rows))
-    if selecting:
+@dataclass
+class _Tables:
+    """What the benchmark prints, gathered over the tasks."""
+    rows: list[dict] = field(default_factory=list)         # the cost table: a row per task and method
+    selecting: list[dict] = field(default_factory=list)    # choosing the explored first tokens, per method
+    mixing: list[dict] = field(default_factory=list)       # the mixture against its writers alone
+    speculating: list[dict] = field(default_factory=list)  # speculative rows against the same decodes without
+    quarters: dict[str, list] = field(default_factory=dict)  # per method: `quarter_ratio` of its long GSM8K answers
+    peaks: dict[str, int] = field(default_factory=dict)    # per model: its largest prefix copy, bytes
+    order: list[str] = field(default_factory=list)         # every method's name, in the table's order
+
+
+def _ensemble(models, prompt: str, cfg: DecodeConfig, kw: dict, acc: list, peaks: dict[str, int]) -> Trace:
+    """One AdaFuse decode; its selection and explore-round seconds are added to `acc`, its prefix copies to `peaks`."""
+    d = AdaFuse(models, cfg, tau=0.7, **kw).start(prompt)
+    for _ in d:
+        pass
+    for s in d.sessions:
+        peaks[s.name] = max(peaks.get(s.name, 0), s.peak_side_bytes)
+        acc[0] += s.selection_seconds
+        acc[1] += s.selections_made
+    explored = [r for r in d.trace.rounds if any(st.mode == "explore" for st in r.steps)]
+    acc[2] += sum(r.seconds for r in explored)
+    acc[4] += len(explored)
+    acc[3] += sum(r.seconds for r in d.trace.rounds)
+    return d.trace
+
+
+def _runs(models, methods: dict[str, dict], only, sel: dict[str, list], peaks: dict[str, int]) -> list:
+    """(name, decode a prompt) for every method and each model alone, those `--only` names if given; an ensemble's
+    selection seconds, selections, explore-round seconds, decode seconds and explore rounds go to `sel[name]`."""
+    runs = [(name, lambda pr, c, kw=kw, name=name: _ensemble(
+        models, pr, c, kw, sel.setdefault(name, [0.0, 0, 0.0, 0.0, 0]), peaks)) for name, kw in methods.items()]
+    runs += [(f"{lm.name} alone", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
+    if only:
+        runs = [(n, fn) for n, fn in runs if any(o in n for o in only)]
+    return runs
+
+
+def _add_trace(st: dict, tr: Trace, wall: float) -> None:
+    """Add one decode (its trace and its wall seconds) to a method's totals."""
+    st["wall"] += wall
+    st["words"] += tr.words
+    st["decode"] += sum(r.seconds for r in tr.rounds)
+    st["rounds"] += len(tr.rounds)
+    st["slower"] += sum(max(x.seconds for x in r.steps) for r in tr.rounds)
+    st["sum"] += sum(sum(x.seconds for x in r.steps) for r in tr.rounds)
+    st["outputs"].append(tr.output)
+    for r in tr.rounds:  # the mixture: who wrote each word
+        for x in r.steps:
+            if x.mode == "write":
+                st["writers"][x.model] = st["writers"].get(x.model, 0) + r.words
+    for k, key in enumerate(SPEC_COUNTERS):
+        st["spec"][k] += sum(getattr(x, key) for r in tr.rounds for x in r.steps)
+    for m in tr.models:
+        c, pre = tr.cost(m), tr.prefill[m]
+        st[m][0] += c["forward_passes"] - pre["forward_passes"]
+        st[m][1] += c["tokens_fed"] - pre["tokens_fed"]
+
+
+def _bench_task(task: str, items: list, models, methods: dict[str, dict], only, tables: _Tables, sink) -> None:
+    """Every method on each of one task's prompts (`items`: (prompt, config)); the task's rows go to `tables`, its
+    traces to `sink` (if any)."""
+    stats: dict[str, dict] = {}
+    sel: dict[str, list] = {}
+    runs = _runs(models, methods, only, sel, tables.peaks)
+    tables.order += [name for name, _ in runs if name not in tables.order]
+    for name, _ in runs:
+        stats[name] = {"words": 0, "wall": 0.0, "decode": 0.0, "rounds": 0, "slower": 0.0, "sum": 0.0,
+                       "outputs": [], "spec": [0] * len(SPEC_COUNTERS), "writers": {},
+                       **{m.name: [0, 0] for m in models}}
+    # every method on one prompt before the next prompt, starting one method further on each prompt: a drift of
+    # the machine's speed (another process, the clock) lands on all methods alike instead of on whichever ran
+    # last, and the methods compared below (speculative or not, side by side or not) run minutes apart at most.
+    # The mixture draws its writers from `seed`: one seed per prompt (only the mixture reads it), else every
+    # answer would have the same writer for its first word, its second, ... and the cost would follow whichever
+    # model that one sequence favours
+    for i, (prompt, cfg) in enumerate(items):
+        for name, fn in runs[i % len(runs):] + runs[:i % len(runs)]:
+            t0 = time.perf_counter()
+            tr = fn(prompt, replace(cfg, seed=i))
+            _add_trace(stats[name], tr, time.perf_counter() - t0)
+            if task == "gsm8k" and tr.words >= 100:
+                tables.quarters.setdefault(name, []).append(quarter_ratio(tr))
+            if sink:
+                sink.write(json.dumps({"task": task, "method": name, "trace": tr.to_dict()}) + "\n")
+                sink.flush()
+        print(f"  {task:8s} prompt {i + 1}/{len(items)} done", file=sys.stderr, flush=True)
+    for name, st in stats.items():
+        print(f"  {task:8s} {name:28s} {st['words']:5d} words {st['wall']:7.1f}s", file=sys.stderr, flush=True)
+    _add_rows(task, stats, models, len(items), tables)
+    for name, (secs, count, explore_s, decode_s, n_explored) in sel.items():
+        if count:
+            tables.selecting.append({
+                "task": task, "method": name, "explore steps": count, "explore rounds": n_explored,
+                "selection ms/step": round(1000 * secs / count, 2),
+                "explore round ms": round(1000 * explore_s / max(1, n_explored), 1),
+                "% of explore rounds": round(100 * secs / explore_s, 2) if explore_s else None,
+                "% of decode": round(100 * secs / decode_s, 2) if decode_s else None})
+
+
+def _s_per_word(st: dict) -> float:
+    """A method's decode seconds per word."""
+    return st["decode"] / max(1, st["words"])
+
+
+def _fwd_per_word(st: dict, models) -> float:
+    """A method's forward passes (all models) per word."""
+    return sum(st[m.name][0] for m in models) / max(1, st["words"])
+
+
+def _add_rows(task: str, stats: dict[str, dict], models, prompts: int, tables: _Tables) -> None:
+    """One task's rows of the cost table, and of the mixture's and the speculative proposals' tables."""
+    single = sum(_s_per_word(stats[f"{m.name} alone"]) for m in models if f"{m.name} alone" in stats) or float("nan")
+    alone = {m.name: stats[f"{m.name} alone"] for m in models if f"{m.name} alone" in stats}
+    for name, st in stats.items():
+        row = _cost_row(task, name, st, stats, models, single)
+        tables.rows.append(row)
+        if st["writers"] and len(alone) == len(models):  # against the writers' own speed, word by word
+            tables.mixing.append(_mixing_row(task, name, st, alone, models, row))
+        plain = stats.get(re.sub(r" speculative( spans-only)?", "", name)) if " speculative" in name else None
+        if plain:
+            tables.speculating.append(_speculating_row(task, name, st, plain, models, prompts))
+
+
+def _cost_row(task: str, name: str, st: dict, stats: dict[str, dict], models, single: float) -> dict:
+    """A method's row of the cost table (`single`: the single models' s/word, added up)."""
+    per = _s_per_word(st)
+    row = {"task": task, "method": name, "words": st["words"], "wall s": round(st["wall"], 1),
+           "decode s/word": round(per, 3)}
+    for m in models:
+        row[f"fwd {m.name}"], row[f"tok {m.name}"] = st[m.name]
+    row["fwd/word"] = round(_fwd_per_word(st, models), 2)
+    row["÷ sum of singles"] = round(per / single, 2)
+    row["÷ mean single"] = round(per / (single / len(models)), 2)
+    seq = stats.get(name.replace(" parallel", " sequential")) if name.endswith(" parallel") else None
+    row["÷ sequential"] = round(per / _s_per_word(seq), 2) if seq else ""
+    rounds = max(1, st["rounds"])
+    row["round wall ms"] = round(1000 * st["decode"] / rounds)
+    row["slower model ms"] = round(1000 * st["slower"] / rounds)
+    row["models' sum ms"] = round(1000 * st["sum"] / rounds)
+    return row
+
+
+def _mixing_row(task: str, name: str, st: dict, alone: dict[str, dict], models, row: dict) -> dict:
+    """The mixture against its writers: each word at its writer's own greedy s/word (`alone`: per model)."""
+    per = _s_per_word(st)
+    own = sum(n * alone[m]["decode"] / max(1, alone[m]["words"]) for m, n in st["writers"].items())
+    return {"task": task, "method": name, **{f"words by {m.name}": st["writers"].get(m.name, 0) for m in models},
+            "s/word": round(per, 3), "writers alone s/word": round(own / max(1, st["words"]), 3),
+            "÷ writers alone": round(per / (own / max(1, st["words"])), 2), "÷ mean single": row["÷ mean single"]}
+
+
+def _speculating_row(task: str, name: str, st: dict, plain: dict, models, prompts: int) -> dict:
+    """A speculative method against the same decodes without speculation (`plain`)."""
+    f0, f1, s0, s1 = _fwd_per_word(plain, models), _fwd_per_word(st, models), _s_per_word(plain), _s_per_word(st)
+    drafted, accepted, verifies, scored = st["spec"]
+    return {"task": task, "method": name.replace(" sequential", ""),
+            "same output": f"{sum(a == b for a, b in zip(st['outputs'], plain['outputs']))}/{prompts}",
+            "fwd/word": f"{f0:.2f} → {f1:.2f}", "Δ fwd/word %": round(100 * (f1 / f0 - 1), 1),
+            "s/word": f"{s0:.3f} → {s1:.3f}", "Δ s/word %": round(100 * (s1 / s0 - 1), 1),
+            "draft tokens": drafted, "accepted": accepted, "verify fwd": verifies,
+            "scores from drafts": scored, "saved fwd": accepted - verifies + scored}
+
+
+def _print_report(tables: _Tables, models, floor: list[str]) -> None:
+    """The cost table, the selection's, the mixture's and the speculative proposals' (those with rows), the peak
+    prefix copies, what the columns mean, side by side's floor and the GSM8K quarters."""
+    print(format_table(tables.rows))
+    if tables.selecting:
         print("\nChoosing the explored first tokens (adafuse/selection.py) once per uncertain word start (an explore")
         print("step: top-k, decoding the candidates' texts and, for 'embedding', one gather of embedding rows, a")
         print("k x k kernel and the greedy picks); 'explore round ms': wall time of a round in which some model")
         print("explored; '% of explore rounds': selection seconds over those rounds' wall seconds:")
-        print(format_table(selecting))
-    if mixing:
+        print(format_table(tables.selecting))
+    if tables.mixing:
         print("\nThe mixture (ME) against its writers: the words each model wrote, and what those words cost each writer")
         print("alone ('writers alone s/word': every word at its writer's own greedy s/word); '÷ writers alone' is the")
         print("mixture's own overhead (catching up on words another model wrote), '÷ mean single' the table's ratio,")
         print("which also counts the luck of the draws (which model wrote how many words):")
-        print(format_table(mixing))
-    if speculating:
+        print(format_table(tables.mixing))
+    if tables.speculating:
         print("\nSpeculative proposals: each confident model first verifies the spans the models before it")
         print("proposed this round, its own span left from the last round and, unless 'spans-only', what followed the")
         print("latest earlier occurrence of the answer's last words (prompt lookup) in one batched forward and takes their")
         print("tokens where they are its own greedy choice; without → with speculation, same prompts; 'saved fwd' =")
         print("accepted - verify fwd + scoring forwards the verified drafts made unnecessary ('scores from drafts'):")
-        print(format_table(speculating))
+        print(format_table(tables.speculating))
     print("\nPeak prefix copy per model (largest batch: exploration, beam or scoring rows × cached prefix):")
     for lm in models:
-        line = f"  {lm.name}: {peaks.get(lm.name, 0) / 2**20:,.1f} MiB"
+        line = f"  {lm.name}: {tables.peaks.get(lm.name, 0) / 2**20:,.1f} MiB"
         if lm.device.type == "cuda":
             line += f"; CUDA peak allocated {torch.cuda.max_memory_allocated(lm.device) / 2**30:,.2f} GiB"
         print(line)
@@ -322,12 +395,12 @@ def main(argv=None) -> int:
     if floor:
         print()
         print("\n".join(floor))
-    if quarters:
+    if tables.quarters:
         print("\nGSM8K answers of 100+ words, last quarter ÷ first quarter: s/word (fwd/word, s/fwd):")
-        for name in sorted(quarters, key=order.index):  # the table's order (the first to reach 100 words varies)
-            vals = [v for v in quarters[name] if v is not None]
+        # the table's order (the first to reach 100 words varies)
+        for name in sorted(tables.quarters, key=tables.order.index):
+            vals = [v for v in tables.quarters[name] if v is not None]
             print(f"  {name:28s} " + ", ".join(f"{a:.2f} ({b:.2f}, {c:.2f})" for a, b, c in vals))
-    return 0
 
 
 def remote_bench(args) -> int:

@@ -24,11 +24,13 @@ the example order and every sample are seeded.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -39,7 +41,7 @@ from ..ensemble import AdaFuse
 from ..trace import fused_score
 from ..errors import ConfigError
 from ..gate import FEATURES, Gate, gate_weights, stack
-from ..models import get_model
+from ..models import DEFAULT_PAIR, get_model
 from .tasks import (data_dir, REPORT_LINES, TASKS, TRAIN_OFFSET, VALIDATION_LINES, Task, format_lines, parse_lines,
                     read_examples)
 
@@ -191,8 +193,7 @@ def train(models: list, tasks: list[str], out: Path, data: Path | None = None, s
                           "nothing, or a positive number of steps with 1 or more examples")
     # start from static weights (b = log w: the gate's weights are then ∝ w whatever the features), else equal
     b = torch.tensor([math.log(w) for w in init] if init else [0.0] * n, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.Adam([W, b], lr=lr)
-    state = {"step": 0, "baseline": {}, "curve": [], "validation": [], "best": None}
+    run = _Run(lms, names, data, exs, vals, W, b, torch.optim.Adam([W, b], lr=lr), normalize)
     ckpt = out.with_name(out.name + ".ckpt")
     args = {"models": names, "tasks": tasks, "offset": offset, "per_task": per_task, "seed": seed, "lr": lr,
             "temperature": temperature, "init": list(init), "baseline": baseline,
@@ -202,98 +203,28 @@ def train(models: list, tasks: list[str], out: Path, data: Path | None = None, s
     if baseline not in ("self-critical", "running"):
         raise ConfigError(f"baseline {baseline!r}: use self-critical or running")
     if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
-        if saved["args"] != args:
-            raise ConfigError(f"{ckpt} was written with other settings ({saved['args']}): delete it to start over")
-        with torch.no_grad():
-            W.copy_(saved["W"]), b.copy_(saved["b"])
-        opt.load_state_dict(saved["opt"])
-        state = saved["state"]
-        log(f"resuming from {ckpt} at step {state['step']}")
-
-    def validate() -> None:
-        """At a validation step not yet validated: the gate as it is now, decoded greedily on the validation lines."""
-        at = state["step"]
-        if not vals or (at % validate_every and at != steps) or any(v["step"] == at for v in state["validation"]):
-            return
-        gate = Gate(names, W.detach().tolist(), b.detach().tolist())
-        per = decode_rewards(lms, vals, data, gate_object=gate, normalize=normalize)
-        per_task_mean = {k: sum(v) / len(v) for k, v in per.items()}
-        score = sum(per_task_mean.values()) / len(per_task_mean)  # every task counts the same
-        state["validation"].append({"step": at, "reward": score, "per_task": per_task_mean})
-        if state["best"] is None or score > state["best"]["reward"]:
-            state["best"] = {"step": at, "reward": score, "W": gate.W, "b": gate.b}
-        log(f"step {at}: validation reward {score:.4f} over {len(vals)} examples (best: step {state['best']['step']}, "
-            f"{state['best']['reward']:.4f})")
-
-    validate()  # the start (step 0), or a resumed run's step if it was not validated before it stopped
+        _resume(run, ckpt, args, log)
+    # the start (step 0), or a resumed run's step if it was not validated before it stopped
+    _validate(run, validate_every, steps, log)
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=steps, initial=state["step"], desc="gate", unit="step", file=sys.stderr)
-    while state["step"] < steps:
-        step = state["step"]
-        epoch, k = divmod(step, len(exs))
-        order = list(range(len(exs)))
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        name, no, ex = exs[order[k]]
-        task = TASKS[name]
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        gate = Gate(names, W.detach().tolist(), b.detach().tolist())
-        d = AdaFuse(lms, task_config(task, normalize=normalize)).start(prompt_of(task, data, ex))
-        d.gate_object = gate
-        logps, deviations, choices = [], 0, 0
-        while not d.done:
-            r = d.propose()
-            got = _gated_scores(r, names, W, b, normalize)
-            if got is None:
-                d.commit()
-                continue
-            scores, keep = got
-            logp = torch.log_softmax(-scores / temperature, 0)
-            j = int(torch.multinomial(logp.detach().exp(), 1, generator=gen))
-            logps.append(logp[j])
-            choices += 1
-            deviations += keep[j] != r.winner
-            d.commit(keep[j])
-        R = reward(task, d.trace.output, ex["answer"])
-        if baseline == "running":
-            base = state["baseline"].get(name, R)
-        elif deviations:  # self-critical: the same example decoded greedily with the same gate
-            base = decode_rewards(lms, [(name, no, ex)], data, gate_object=gate, normalize=normalize)[name][0]
-        else:  # every sampled choice was the winner: the sample is the greedy decode
-            base = R
-        if logps:
-            opt.zero_grad()
-            loss = -(R - base) * torch.stack(logps).sum()
-            loss.backward()
-            opt.step()
-        state["baseline"][name] = 0.9 * state["baseline"].get(name, R) + 0.1 * R
-        state["curve"].append({"step": step, "task": name, "line": no, "reward": R, "baseline": base,
-                               "choices": choices, "sampled_off_winner": deviations})
-        state["step"] = step + 1
+        bar = tqdm(total=steps, initial=run.state["step"], desc="gate", unit="step", file=sys.stderr)
+    while run.state["step"] < steps:
+        _reinforce_step(run, seed, temperature, baseline)
         if bar:
-            recent = state["curve"][-20:]
+            recent = run.state["curve"][-20:]
             bar.set_postfix(reward=f"{sum(c['reward'] for c in recent) / len(recent):.3f}")
             bar.update(1)
-        validate()  # before the checkpoint, so a resumed run holds every validation up to its step
-        if state["step"] % save_every == 0 or state["step"] == steps:
-            torch.save({"args": args, "W": W.detach(), "b": b.detach(), "opt": opt.state_dict(), "state": state}, ckpt)
+        # before the checkpoint, so a resumed run holds every validation up to its step
+        _validate(run, validate_every, steps, log)
+        if run.state["step"] % save_every == 0 or run.state["step"] == steps:
+            torch.save({"args": args, "W": W.detach(), "b": b.detach(), "opt": run.opt.state_dict(),
+                        "state": run.state}, ckpt)
     if bar:
         bar.close()
-    kept = state["best"] if vals else {"step": steps, "W": W.detach().tolist(), "b": b.detach().tolist()}
-    trained = {**args, "steps": steps, "examples": len(exs), "reward": "token F1 (QA), chrF/100 (translation), "
-               "accuracy (GSM8K) of the final answer", "algorithm": "REINFORCE with a " + (
-                   "self-critical baseline (the example decoded greedily with the same gate)"
-                   if baseline == "self-critical" else "per-task running baseline") + ", Adam",
-               "curve": state["curve"]}
-    if vals:
-        trained["validation"] = {"lines": format_lines(val_lines), "examples": len(vals), "every": validate_every,
-                                 "kept_step": kept["step"], "kept_reward": kept["reward"],
-                                 "rule": "the checkpoint with the highest mean reward (per task, then over tasks) on "
-                                         "the validation examples, decoded greedily; the earliest on a tie",
-                                 "curve": state["validation"]}
-    gate = Gate(names, kept["W"], kept["b"], trained=trained)
+    kept = run.state["best"] if vals else {"step": steps, "W": W.detach().tolist(), "b": b.detach().tolist()}
+    gate = Gate(names, kept["W"], kept["b"], trained=_trained(run, args, steps, kept, validate_every, val_lines))
     out.parent.mkdir(parents=True, exist_ok=True)
     gate.save(out)
     log(f"wrote {out} ({gate.parameters} parameters, {steps} steps over {len(exs)} examples"
@@ -301,19 +232,139 @@ def train(models: list, tasks: list[str], out: Path, data: Path | None = None, s
     return gate
 
 
-def main(argv=None) -> int:
-    import argparse
-    from ..models import DEFAULT_PAIR
+@dataclass
+class _Run:
+    """One training run: its models and examples, the gate's parameters and their optimizer, and its progress."""
+    lms: list
+    names: list[str]
+    data: Path
+    exs: list[tuple[str, int, dict]]   # the training examples: (task, line, example)
+    vals: list[tuple[str, int, dict]]  # the validation examples (empty: no validation)
+    W: torch.Tensor                    # (n, n * len(FEATURES)): the gate's feature weights
+    b: torch.Tensor                    # (n,): its biases
+    opt: torch.optim.Optimizer
+    normalize: str
+    # what a checkpoint holds: the steps taken, the running baselines, the training and validation curves, the best
+    state: dict = field(default_factory=lambda: {"step": 0, "baseline": {}, "curve": [], "validation": [],
+                                                 "best": None})
+
+    def gate(self) -> Gate:
+        """The gate as its parameters are now."""
+        return Gate(self.names, self.W.detach().tolist(), self.b.detach().tolist())
+
+
+def _resume(run: _Run, ckpt: Path, args: dict, log) -> None:
+    """Take up a run from its checkpoint, which must have been written with the same settings."""
+    saved = torch.load(ckpt, weights_only=False)
+    if saved["args"] != args:
+        raise ConfigError(f"{ckpt} was written with other settings ({saved['args']}): delete it to start over")
+    with torch.no_grad():
+        run.W.copy_(saved["W"]), run.b.copy_(saved["b"])
+    run.opt.load_state_dict(saved["opt"])
+    run.state = saved["state"]
+    log(f"resuming from {ckpt} at step {run.state['step']}")
+
+
+def _validate(run: _Run, every: int, steps: int, log) -> None:
+    """At a validation step not yet validated: the gate as it is now, decoded greedily on the validation lines."""
+    state, vals = run.state, run.vals
+    at = state["step"]
+    if not vals or (at % every and at != steps) or any(v["step"] == at for v in state["validation"]):
+        return
+    gate = run.gate()
+    per = decode_rewards(run.lms, vals, run.data, gate_object=gate, normalize=run.normalize)
+    per_task_mean = {k: sum(v) / len(v) for k, v in per.items()}
+    score = sum(per_task_mean.values()) / len(per_task_mean)  # every task counts the same
+    state["validation"].append({"step": at, "reward": score, "per_task": per_task_mean})
+    if state["best"] is None or score > state["best"]["reward"]:
+        state["best"] = {"step": at, "reward": score, "W": gate.W, "b": gate.b}
+    log(f"step {at}: validation reward {score:.4f} over {len(vals)} examples (best: step {state['best']['step']}, "
+        f"{state['best']['reward']:.4f})")
+
+
+def _reinforce_step(run: _Run, seed: int, temperature: float, baseline: str) -> None:
+    """One REINFORCE step on the next training example (a seeded order per epoch): a sampled decode, its reward
+    against the baseline, one Adam step; recorded in `run.state`."""
+    state = run.state
+    step = state["step"]
+    epoch, k = divmod(step, len(run.exs))
+    order = list(range(len(run.exs)))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    name, no, ex = run.exs[order[k]]
+    task = TASKS[name]
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    gate = run.gate()
+    R, logps, choices, deviations = _sampled_decode(run, gate, task, ex, gen, temperature)
+    if baseline == "running":
+        base = state["baseline"].get(name, R)
+    elif deviations:  # self-critical: the same example decoded greedily with the same gate
+        base = decode_rewards(run.lms, [(name, no, ex)], run.data, gate_object=gate, normalize=run.normalize)[name][0]
+    else:  # every sampled choice was the winner: the sample is the greedy decode
+        base = R
+    if logps:
+        run.opt.zero_grad()
+        loss = -(R - base) * torch.stack(logps).sum()
+        loss.backward()
+        run.opt.step()
+    state["baseline"][name] = 0.9 * state["baseline"].get(name, R) + 0.1 * R
+    state["curve"].append({"step": step, "task": name, "line": no, "reward": R, "baseline": base,
+                           "choices": choices, "sampled_off_winner": deviations})
+    state["step"] = step + 1
+
+
+def _sampled_decode(run: _Run, gate: Gate, task: Task, ex: dict, gen: torch.Generator,
+                    temperature: float) -> tuple[float, list[torch.Tensor], int, int]:
+    """Decode `ex` with `gate`, each choice among two or more scored candidates sampled from softmax(−gated score /
+    temperature): (reward, the sampled choices' log-probabilities with their gradient, choices, choices off the
+    winner)."""
+    d = AdaFuse(run.lms, task_config(task, normalize=run.normalize)).start(prompt_of(task, run.data, ex))
+    d.gate_object = gate
+    logps, deviations, choices = [], 0, 0
+    while not d.done:
+        r = d.propose()
+        got = _gated_scores(r, run.names, run.W, run.b, run.normalize)
+        if got is None:
+            d.commit()
+            continue
+        scores, keep = got
+        logp = torch.log_softmax(-scores / temperature, 0)
+        j = int(torch.multinomial(logp.detach().exp(), 1, generator=gen))
+        logps.append(logp[j])
+        choices += 1
+        deviations += keep[j] != r.winner
+        d.commit(keep[j])
+    return reward(task, d.trace.output, ex["answer"]), logps, choices, deviations
+
+
+def _trained(run: _Run, args: dict, steps: int, kept: dict, validate_every: int, val_lines: tuple[int, int]) -> dict:
+    """The gate file's record of how it was trained (`kept`: the checkpoint written)."""
+    trained = {**args, "steps": steps, "examples": len(run.exs), "reward": "token F1 (QA), chrF/100 (translation), "
+               "accuracy (GSM8K) of the final answer", "algorithm": "REINFORCE with a " + (
+                   "self-critical baseline (the example decoded greedily with the same gate)"
+                   if args["baseline"] == "self-critical" else "per-task running baseline") + ", Adam",
+               "curve": run.state["curve"]}
+    if run.vals:
+        trained["validation"] = {"lines": format_lines(val_lines), "examples": len(run.vals), "every": validate_every,
+                                 "kept_step": kept["step"], "kept_reward": kept["reward"],
+                                 "rule": "the checkpoint with the highest mean reward (per task, then over tasks) on "
+                                         "the validation examples, decoded greedily; the earliest on a tie",
+                                 "curve": run.state["validation"]}
+    return trained
+
+
+def _lines_arg(text: str) -> tuple[int, int]:
+    """--val-lines FIRST-LAST, a usage error when malformed."""
+    try:
+        return parse_lines(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line of `gate train` and `gate search`."""
     p = argparse.ArgumentParser(prog="python -m adafuse gate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="action", required=True)
-
-    def lines_arg(text: str) -> tuple[int, int]:
-        try:
-            return parse_lines(text)
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
     for name in ("train", "search"):
         s = sub.add_parser(name)
         s.add_argument("--task", nargs="+", required=True, choices=list(TASKS), metavar="TASK")
@@ -323,7 +374,7 @@ def main(argv=None) -> int:
         s.add_argument("--examples", type=int, default=200, help="training examples per task")
         s.add_argument("--normalize", choices=("token", "word"), default="token",
                        help="average each candidate's NLL over its tokens (the paper) or its words")
-        s.add_argument("--val-lines", type=lines_arg, default=VALIDATION_LINES, metavar="FIRST-LAST",
+        s.add_argument("--val-lines", type=_lines_arg, default=VALIDATION_LINES, metavar="FIRST-LAST",
                        help="the validation lines of each data file (default 51-100: used by neither the report nor "
                             "training)")
         s.add_argument("--val-examples", type=int, default=20,
@@ -346,7 +397,11 @@ def main(argv=None) -> int:
     sub.choices["search"].add_argument("--grid", nargs="+", required=True, metavar="W1,W2",
                                        help="weightings to try, one per model each, e.g. 1,1 1,3 1,9")
     sub.choices["search"].add_argument("--json", type=Path, help="write the table here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     args.data = args.data or data_dir()  # found now, not at import
     if args.offset <= REPORT_LINES[1]:
         print(f"warning: --offset {args.offset} overlaps the reported examples (lines {format_lines(REPORT_LINES)})",
@@ -357,25 +412,7 @@ def main(argv=None) -> int:
         print(f"warning: the training lines (from {args.offset}) overlap the validation lines "
               f"({format_lines(args.val_lines)})", file=sys.stderr)
     if args.action == "search":
-        grid = []
-        for g in args.grid:
-            try:
-                w = tuple(float(x) for x in g.split(","))
-            except ValueError:
-                raise ConfigError(f"--grid {g!r}: use comma-separated numbers, one per model") from None
-            if len(w) != len(args.models) or not all(math.isfinite(x) and x >= 0 for x in w):
-                raise ConfigError(f"--grid {g!r}: give {len(args.models)} non-negative numbers")
-            grid.append(w)
-        res = search(args.models, args.task, grid, args.data, args.offset, args.examples, normalize=args.normalize,
-                     val_lines=args.val_lines, val_per_task=args.val_examples)
-        print(f"best weights on the training examples: {res['best']}")
-        if args.val_examples:
-            for row in res["grid"]:
-                print(f"  {row['weights']}: training {row['reward']:.4f}, validation {row['validation']:.4f}")
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(res, indent=1) + "\n")
-        return 0
+        return _search_main(args)
     try:
         init = tuple(float(x) for x in args.init.split(",")) if args.init else ()
     except ValueError:
@@ -384,4 +421,27 @@ def main(argv=None) -> int:
           args.temperature, progress=not args.no_progress, init=init, baseline=args.baseline,
           normalize=args.normalize, validate_every=args.validate_every if args.val_examples else 0,
           val_lines=args.val_lines, val_per_task=args.val_examples)
+    return 0
+
+
+def _search_main(args) -> int:
+    """`gate search`: the grid read from --grid, searched, the best weights printed and the table written."""
+    grid = []
+    for g in args.grid:
+        try:
+            w = tuple(float(x) for x in g.split(","))
+        except ValueError:
+            raise ConfigError(f"--grid {g!r}: use comma-separated numbers, one per model") from None
+        if len(w) != len(args.models) or not all(math.isfinite(x) and x >= 0 for x in w):
+            raise ConfigError(f"--grid {g!r}: give {len(args.models)} non-negative numbers")
+        grid.append(w)
+    res = search(args.models, args.task, grid, args.data, args.offset, args.examples, normalize=args.normalize,
+                 val_lines=args.val_lines, val_per_task=args.val_examples)
+    print(f"best weights on the training examples: {res['best']}")
+    if args.val_examples:
+        for row in res["grid"]:
+            print(f"  {row['weights']}: training {row['reward']:.4f}, validation {row['validation']:.4f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=1) + "\n")
     return 0

@@ -78,7 +78,7 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
     limits = Limits(settings.name, len(ensemble.models), dict(settings.gates),
                     max_tokens=settings.max_tokens or window,
                     max_branches=settings.max_branches)
-    started = int(time.time())
+    served = _Served(ensemble, settings, slots, limits, window, int(time.time()))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -87,7 +87,51 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
 
     app = FastAPI(title="AdaFuse", summary="A fused ensemble behind OpenAI's API", lifespan=lifespan)
     app.state.slots = slots
+    _add_error_handlers(app)
+    _add_model_routes(app, served)
+    _add_completion_routes(app, served)
+    return app
 
+
+@dataclass(frozen=True, eq=False)
+class _Served:
+    """What every route of one server shares: the ensemble, the server's settings, its decode slots and the limits
+    requests are checked against."""
+    ensemble: AdaFuse
+    settings: ServeSettings
+    slots: DecodeSlots
+    limits: Limits
+    window: int | None             # the smallest context window of the members, in tokens (None: none says)
+    started: int                   # when the server started (Unix seconds): the model card's `created`
+
+    def check_key(self, request: Request) -> None:
+        """The routes' dependency: the request sends the server's API key, if it has one."""
+        if self.settings.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, key = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.settings.api_key.encode()):
+            raise ApiError(401, "invalid or missing API key: send the server's key as `Authorization: Bearer KEY` "
+                                "(the openai client's api_key)", code="invalid_api_key")
+
+    def card(self) -> dict:
+        """The served model as GET /v1/models lists it."""
+        return {"id": self.settings.name, "object": "model", "created": self.started, "owned_by": "adafuse",
+                "adafuse": {"members": [lm.name for lm in self.ensemble.models],
+                            "settings": self.ensemble.config.to_dict()}}
+
+    def check_fits(self, prompt: str) -> None:
+        """A prompt no member's context holds is refused before it waits for a slot. Only a prompt that could be
+        that long is tokenized here (a token holds at least one byte of text, one more for a tokenizer's dummy
+        prefix): the decode's start tokenizes it again anyway, exactly, in its view."""
+        if self.window is None or len(prompt.encode()) + 1 < self.window:
+            return
+        for lm in self.ensemble.models:
+            lm.check_fits(len(lm.tokenize(prompt)))
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error a request meets answered as an OpenAI error object: ours, invalid requests, HTTP's, the rest."""
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), exc.status, headers=exc.headers)
@@ -115,129 +159,120 @@ def build_app(ensemble: AdaFuse, settings: ServeSettings | None = None) -> FastA
         err = error_for(exc)
         return JSONResponse(err.body(), err.status)
 
-    def check_key(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, key = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), settings.api_key.encode()):
-            raise ApiError(401, "invalid or missing API key: send the server's key as `Authorization: Bearer KEY` "
-                                "(the openai client's api_key)", code="invalid_api_key")
 
-    def card() -> dict:
-        return {"id": settings.name, "object": "model", "created": started, "owned_by": "adafuse",
-                "adafuse": {"members": [lm.name for lm in ensemble.models], "settings": ensemble.config.to_dict()}}
+def _add_model_routes(app: FastAPI, served: _Served) -> None:
+    """GET /health, /v1/models and /v1/models/{model}."""
+    settings = served.settings
 
     @app.get("/health")
     async def health() -> dict:
         """Up, and the decodes running and waiting (no key needed)."""
-        return {"status": "ok", "decodes": slots.counts()}
+        return {"status": "ok", "decodes": served.slots.counts()}
 
-    @app.get("/v1/models", dependencies=[Depends(check_key)])
+    @app.get("/v1/models", dependencies=[Depends(served.check_key)])
     async def models() -> dict:
-        return {"object": "list", "data": [card()]}
+        return {"object": "list", "data": [served.card()]}
 
-    @app.get("/v1/models/{model:path}", dependencies=[Depends(check_key)])
+    @app.get("/v1/models/{model:path}", dependencies=[Depends(served.check_key)])
     async def model(model: str) -> dict:
         if model != settings.name:
             raise ApiError(404, f"the model {model!r} does not exist: this server serves {settings.name!r}",
                            param="model", code="model_not_found")
-        return card()
+        return served.card()
 
-    @app.post("/v1/completions", dependencies=[Depends(check_key)])
+
+def _add_completion_routes(app: FastAPI, served: _Served) -> None:
+    """POST /v1/completions and /v1/chat/completions."""
+    ensemble, limits = served.ensemble, served.limits
+
+    @app.post("/v1/completions", dependencies=[Depends(served.check_key)])
     async def completions(req: CompletionRequest, request: Request):
-        return await respond(completion_job(req, ensemble.config, limits, _trace_query(request)), request)
+        return await _respond(served, completion_job(req, ensemble.config, limits, _trace_query(request)), request)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
+    @app.post("/v1/chat/completions", dependencies=[Depends(served.check_key)])
     async def chat_completions(req: ChatRequest, request: Request):
-        return await respond(chat_job(req, ensemble.config, limits, _trace_query(request)), request)
+        return await _respond(served, chat_job(req, ensemble.config, limits, _trace_query(request)), request)
 
-    def check_fits(prompt: str) -> None:
-        """A prompt no member's context holds is refused before it waits for a slot. Only a prompt that could be
-        that long is tokenized here (a token holds at least one byte of text, one more for a tokenizer's dummy
-        prefix): the decode's start tokenizes it again anyway, exactly, in its view."""
-        if window is None or len(prompt.encode()) + 1 < window:
-            return
-        for lm in ensemble.models:
-            lm.check_fits(len(lm.tokenize(prompt)))
 
-    async def respond(job: Job, request: Request):
-        """Admit the decode, wait for its start (settings a member refuses, a prompt too long: still a 400), then
-        answer whole or as a stream. A client that leaves a non-streamed request stops its decode before the next
-        round; so does the server's --timeout."""
-        try:
-            await asyncio.to_thread(check_fits, "\n".join([*(text for _, text in job.config.history), job.prompt]))
-        except PromptError as exc:
-            raise ApiError(400, str(exc), param="prompt" if not job.chat else "messages") from None
-        fused = AdaFuse(ensemble.models, job.config, ensemble.parallel, ensemble.threads)
-        run = Run(lambda: fused.start(job.prompt), asyncio.get_running_loop(), settings.timeout)
-        try:
-            slots.submit(run)
-        except Overloaded as exc:
-            raise ApiError(429, f"the server is busy ({settings.concurrency} decodes running, {settings.queue} "
-                                f"waiting): retry after {exc.retry_after} s", type="rate_limit_error",
-                           code="server_busy", headers={"Retry-After": str(exc.retry_after)}) from None
-        handed_over = False
-        try:
+async def _respond(served: _Served, job: Job, request: Request):
+    """Admit the decode, wait for its start (settings a member refuses, a prompt too long: still a 400), then
+    answer whole or as a stream. A client that leaves a non-streamed request stops its decode before the next
+    round; so does the server's --timeout."""
+    ensemble, settings = served.ensemble, served.settings
+    try:
+        await asyncio.to_thread(served.check_fits, "\n".join([*(text for _, text in job.config.history), job.prompt]))
+    except PromptError as exc:
+        raise ApiError(400, str(exc), param="prompt" if not job.chat else "messages") from None
+    fused = AdaFuse(ensemble.models, job.config, ensemble.parallel, ensemble.threads)
+    run = Run(lambda: fused.start(job.prompt), asyncio.get_running_loop(), settings.timeout)
+    try:
+        served.slots.submit(run)
+    except Overloaded as exc:
+        raise ApiError(429, f"the server is busy ({settings.concurrency} decodes running, {settings.queue} "
+                            f"waiting): retry after {exc.retry_after} s", type="rate_limit_error",
+                       code="server_busy", headers={"Retry-After": str(exc.retry_after)}) from None
+    handed_over = False
+    try:
+        kind, value = await run.next()
+        if kind == "error":
+            raise error_for(value)
+        if kind == "cancelled":  # before it started: the server stops
+            raise ApiError(503, "the server is stopping: send the request again", type="server_error")
+        assert isinstance(value, Decoding)
+        rid = new_id(job.chat)
+        if job.stream:
+            handed_over = True  # the stream owns the run now, and cancels it when the client leaves
+            return EventSourceResponse(_stream(served, run, value, job, rid), sep="\n")
+        while kind not in ("end", "error"):
+            try:
+                kind, value = await asyncio.wait_for(run.next(), timeout=DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    log.info("%s: the client left; its decode stops before its next round", rid)
+                    return JSONResponse({}, 499)  # nobody reads it; the finally below cancels the decode
+                continue
+        if kind == "error":
+            raise error_for(value)
+        assert isinstance(value, Trace)
+        return body(rid, settings.name, job.chat, value, ensemble.models, job.logprobs, job.trace)
+    finally:
+        if not handed_over:
+            run.cancel()  # a no-op once finished; else (the client left, the server stops) the decode stops
+
+
+async def _stream(served: _Served, run: Run, d: Decoding, job: Job, rid: str) -> AsyncIterator[dict]:
+    """A streamed answer's server-sent events: the opening chunk, one per round that settled text, the final one
+    (and the usage), then [DONE]; an error after the response began as its last event."""
+    chunks = Chunks(rid, served.settings.name, job.chat, job.logprobs)
+    enders, ended = d.ending.enders, False
+    try:
+        opening = chunks.opening()
+        if opening is not None:
+            yield _data(opening)
+        while True:
             kind, value = await run.next()
-            if kind == "error":
-                raise error_for(value)
-            if kind == "cancelled":  # before it started: the server stops
-                raise ApiError(503, "the server is stopping: send the request again", type="server_error")
-            assert isinstance(value, Decoding)
-            rid = new_id(job.chat)
-            if job.stream:
-                handed_over = True  # the stream owns the run now, and cancels it when the client leaves
-                return EventSourceResponse(stream(run, value, job, rid), sep="\n")
-            while kind not in ("end", "error"):
-                try:
-                    kind, value = await asyncio.wait_for(run.next(), timeout=DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        log.info("%s: the client left; its decode stops before its next round", rid)
-                        return JSONResponse({}, 499)  # nobody reads it; the finally below cancels the decode
-                    continue
-            if kind == "error":
-                raise error_for(value)
-            assert isinstance(value, Trace)
-            return body(rid, settings.name, job.chat, value, ensemble.models, job.logprobs, job.trace)
-        finally:
-            if not handed_over:
-                run.cancel()  # a no-op once finished; else (the client left, the server stops) the decode stops
-
-    async def stream(run: Run, d: Decoding, job: Job, rid: str) -> AsyncIterator[dict]:
-        chunks = Chunks(rid, settings.name, job.chat, job.logprobs)
-        enders, ended = d.ending.enders, False
-        try:
-            opening = chunks.opening()
-            if opening is not None:
-                yield _data(opening)
-            while True:
-                kind, value = await run.next()
-                if kind == "round":
-                    r, output = value
-                    chunk = chunks.round(r, output, settled(output, enders))
-                    if chunk is not None:
-                        yield _data(chunk)
-                elif kind == "end":
-                    assert isinstance(value, Trace)
-                    ended = True
-                    yield _data(chunks.final(value, job.trace))
-                    if job.usage_chunk:
-                        yield _data(chunks.usage(value, ensemble.models))
-                    break
-                else:  # the decode failed after the response began: the error as the stream's last event
-                    ended = True
-                    yield _data(error_for(value).body())
-                    break
-            yield _data("[DONE]")
-        finally:  # a client that disconnects lands here (the stream is cancelled): its decode stops between rounds
-            if not ended:
-                log.info("%s: the stream closed early (the client left, or the server stops); its decode stops "
-                         "before its next round", rid)
-            run.cancel()
-
-    return app
+            if kind == "round":
+                r, output = value
+                chunk = chunks.round(r, output, settled(output, enders))
+                if chunk is not None:
+                    yield _data(chunk)
+            elif kind == "end":
+                assert isinstance(value, Trace)
+                ended = True
+                yield _data(chunks.final(value, job.trace))
+                if job.usage_chunk:
+                    yield _data(chunks.usage(value, served.ensemble.models))
+                break
+            else:  # the decode failed after the response began: the error as the stream's last event
+                ended = True
+                yield _data(error_for(value).body())
+                break
+        yield _data("[DONE]")
+    finally:  # a client that disconnects lands here (the stream is cancelled): its decode stops between rounds
+        if not ended:
+            log.info("%s: the stream closed early (the client left, or the server stops); its decode stops "
+                     "before its next round", rid)
+        run.cancel()
 
 
 def _body_error(errors) -> str:
