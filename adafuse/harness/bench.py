@@ -18,6 +18,7 @@ import torch
 from ..models.packed import ATTENTION_MODES
 from ..config import DecodeConfig
 from ..costs import SPEC_COUNTERS
+from ..method_registry import from_spec
 from ..ensemble import AdaFuse, greedy
 from ..models import DEFAULT_PAIR, get_model
 from ..report import format_table
@@ -204,9 +205,10 @@ class _Tables:
     order: list[str] = field(default_factory=list)         # every method's name, in the table's order
 
 
-def _ensemble(models, prompt: str, cfg: DecodeConfig, kw: dict, acc: list, peaks: dict[str, int]) -> Trace:
+def _ensemble(models, prompt: str, cfg: DecodeConfig, kw: dict, acc: list, peaks: dict[str, int], seed: int) -> Trace:
     """One AdaFuse decode; its selection and explore-round seconds are added to `acc`, its prefix copies to `peaks`."""
-    d = AdaFuse(models, cfg, tau=0.7, **kw).start(prompt)
+    own = from_spec(kw.get("method", cfg.method))[0].Settings.__dataclass_fields__  # the mixture's seed: per prompt
+    d = AdaFuse(models, cfg, tau=0.7, **kw, **({"seed": seed} if "seed" in own else {})).start(prompt)
     for _ in d:
         pass
     for s in d.sessions:
@@ -223,9 +225,9 @@ def _ensemble(models, prompt: str, cfg: DecodeConfig, kw: dict, acc: list, peaks
 def _runs(models, methods: dict[str, dict], only, sel: dict[str, list], peaks: dict[str, int]) -> list:
     """(name, decode a prompt) for every method and each model alone, those `--only` names if given; an ensemble's
     selection seconds, selections, explore-round seconds, decode seconds and explore rounds go to `sel[name]`."""
-    runs = [(name, lambda pr, c, kw=kw, name=name: _ensemble(
-        models, pr, c, kw, sel.setdefault(name, [0.0, 0, 0.0, 0.0, 0]), peaks)) for name, kw in methods.items()]
-    runs += [(f"{lm.name} alone", lambda pr, c, lm=lm: greedy(lm, pr, c)) for lm in models]
+    runs = [(name, lambda pr, c, seed, kw=kw, name=name: _ensemble(
+        models, pr, c, kw, sel.setdefault(name, [0.0, 0, 0.0, 0.0, 0]), peaks, seed)) for name, kw in methods.items()]
+    runs += [(f"{lm.name} alone", lambda pr, c, seed, lm=lm: greedy(lm, pr, c)) for lm in models]
     if only:
         runs = [(n, fn) for n, fn in runs if any(o in n for o in only)]
     return runs
@@ -272,7 +274,7 @@ def _bench_task(task: str, items: list, models, methods: dict[str, dict], only, 
     for i, (prompt, cfg) in enumerate(items):
         for name, fn in runs[i % len(runs):] + runs[:i % len(runs)]:
             t0 = time.perf_counter()
-            tr = fn(prompt, replace(cfg, seed=i))
+            tr = fn(prompt, cfg, i)
             _add_trace(stats[name], tr, time.perf_counter() - t0)
             if task == "gsm8k" and tr.words >= 100:
                 tables.quarters.setdefault(name, []).append(quarter_ratio(tr))
