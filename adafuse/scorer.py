@@ -2,10 +2,12 @@
 the fused log-likelihood — what lm-evaluation-harness's `loglikelihood` and `loglikelihood_rolling` ask of a model.
 
 Each model splits the text the way lm-evaluation-harness's `hf` model does (`split`): trailing whitespace of the
-context moves to the continuation; the continuation's tokens are those of `encode(context + continuation)` after the
-first `len(encode(context))` — so where the context's last token would merge with the continuation's first, the
-context keeps its own tokens and the continuation is what the whole text adds after them; an empty context is the
-model's BOS (else EOS) token. `encode` is the tokenizer's own call, special tokens included (a tokenizer that adds BOS
+context moves to the continuation; the context is `encode(context)` and the continuation's tokens are those of
+`encode(context + continuation)` after its first `len(encode(context))`. Where a model's tokenizer merges the
+context's last characters with the continuation's first into one token, the context keeps its own tokens and the
+continuation's are the whole text's after as many as the context has — they then spell the continuation only in
+part (`hf` scores exactly these; so does this, so one member gives `hf`'s numbers). An empty context is the model's
+BOS (else EOS) token. `encode` is the tokenizer's own call, special tokens included (a tokenizer that adds BOS
 adds it). A model's log-likelihood is the sum of its continuation tokens' log-probabilities; the fused one is their
 weighted mean over models (`DecodeConfig.weights`, or a learned gate's weights from what each model shows at the
 context's end). The boundary lies at the same character for every model, so the models score the same text.

@@ -18,7 +18,7 @@ from adafuse.config import DecodeConfig
 from adafuse.errors import ConfigError
 from adafuse.harness import lm_eval_model
 from adafuse.harness.evaluate import evaluate, parse_methods, read_rows
-from adafuse.harness.lm_eval_model import AdaFuseLM, ScoringNotSupported
+from adafuse.harness.lm_eval_model import AdaFuseLM
 from adafuse.harness.lm_eval_tasks import HERE as TASKS_DIR, load_docs, process_results, task_name, write_yamls
 from adafuse.harness.metrics import corpus_scores
 from adafuse.harness.tasks import SAMPLE_DATA, TASKS
@@ -109,13 +109,6 @@ def test_model_args_are_read_as_lm_eval_passes_them(monkeypatch):
                       ("models=a+b,weights=1/2/3", "weights"), ("models=a", "2 to 4")):
         with pytest.raises(ConfigError, match=says):
             AdaFuseLM.create_from_arg_string(bad)
-
-
-def test_scoring_requests_are_refused_naming_the_generation_tasks():
-    lm = AdaFuseLM(models=list(toy_qa_pair()))
-    for ask in (lm.loglikelihood, lm.loglikelihood_rolling):
-        with pytest.raises(ScoringNotSupported, match="does not score given continuations.*adafuse_triviaqa"):
-            ask([])
 
 
 def test_lm_eval_decodes_the_toy_pair_as_adafuse_eval_does(tmp_path):

@@ -1,4 +1,5 @@
-"""lm-evaluation-harness model `adafuse`: the fused ensemble behind lm-eval's LM interface (generate_until).
+"""lm-evaluation-harness model `adafuse`: the fused ensemble behind lm-eval's LM interface (generate_until, and
+loglikelihood and loglikelihood_rolling through the ensemble as a scorer, adafuse/scorer.py).
 
 lm_eval 0.4.13 finds models only in its own registry (no entry-point plug-ins), so this module registers `adafuse`
 when imported and `python -m adafuse lm-eval ARGS` (= `python -m adafuse.harness.lm_eval_model ARGS`) imports it, then
@@ -13,7 +14,6 @@ lm-eval splits --model_args on commas, so the members are joined with "+" (weigh
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import replace
 from typing import Sequence
 
@@ -23,20 +23,12 @@ from lm_eval.api.registry import register_model
 from ..config import DecodeConfig
 from .evaluate import setting_value
 from ..ensemble import AdaFuse
-from ..errors import AdafuseError, ConfigError
+from ..errors import ConfigError
 from ..many import DEFAULT_CONCURRENCY, check_concurrency, run_many
 from ..models import DEFAULT_PAIR, LoadedModel, ModelRegistry
 
 NAME = "adafuse"
 SEPARATOR = "+"  # between members in models=...: lm-eval splits model_args on commas
-GENERATION_TASKS = ("adafuse_nq", "adafuse_triviaqa", "adafuse_squad", "adafuse_gsm8k", "adafuse_flores_de_en",
-                    "adafuse_flores_en_de")
-
-
-class ScoringNotSupported(AdafuseError, NotImplementedError):
-    """lm-eval asked the ensemble to score given text (loglikelihood): it only generates."""
-
-
 def _settings(args: dict) -> dict:
     """model_args (values already typed by lm-eval) as DecodeConfig fields; weights as "1/4" like `adafuse eval`."""
     where = (f"--model_args of --model {NAME} (models=A{SEPARATOR}B, concurrency, device, trust_remote_code or a "
@@ -103,28 +95,40 @@ class AdaFuseLM(LM):
                 bar.update(1)
         return out
 
-    def loglikelihood(self, requests, disable_tqdm: bool = False):
-        raise self._refuse("loglikelihood")
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """Each (context, continuation): the fused log-likelihood — the weighted mean of the members' log-probabilities
+        of the continuation, each in its own tokens with the boundary where lm-eval's `hf` model puts it
+        (adafuse/scorer.py) — and whether it is greedy: with one member, every token its argmax (as `hf`); with
+        several, the fused decode of the context writes it. Continuations of one context are scored together,
+        `concurrency` contexts at a time."""
+        from tqdm import tqdm
+        ensemble = AdaFuse(self.models, self.config)
+        contexts: dict[str, list[int]] = {}
+        for i, r in enumerate(requests):
+            contexts.setdefault(r.args[0], []).append(i)
+        several = len(self.models) > 1
+        jobs = [functools.partial(ensemble.score, ctx, [requests[i].args[1] for i in idx], several)
+                for ctx, idx in contexts.items()]
+        out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+        with tqdm(total=len(requests), desc="adafuse loglikelihood", disable=disable_tqdm) as bar:
+            for idx, scored in zip(contexts.values(), run_many(jobs, self.concurrency)):
+                for i, s in zip(idx, scored):
+                    out[i] = (s.fused, bool(s.is_greedy if several else all(s.greedy.values())))
+                    self.cache_hook.add_partial("loglikelihood", requests[i].args, out[i])
+                    bar.update(1)
+        return out
 
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        raise self._refuse("loglikelihood_rolling")
-
-    @staticmethod
-    def _refuse(kind: str) -> ScoringNotSupported:
-        return ScoringNotSupported(
-            f"--model {NAME} generates text and does not score given continuations ({kind}): multiple-choice and "
-            "perplexity tasks (hellaswag, arc_*, mmlu, wikitext, ...) need loglikelihood. Use generation tasks "
-            f"(output_type: generate_until): this project's {', '.join(GENERATION_TASKS)} (--include_path "
-            "adafuse/harness/lm_eval_tasks) or lm-eval's own generate_until tasks (gsm8k, triviaqa, nq_open, ...)")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """lm-eval's command line with the `adafuse` model registered (this module is imported by now)."""
-    from lm_eval.__main__ import cli_evaluate
-    sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else argv)]
-    cli_evaluate()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Each whole text's fused log-likelihood from its start (each member over its own tokens, in windows of its
+        context size as lm-eval's `hf` model rolls them); lm-eval turns them into word and byte perplexity and bits
+        per byte."""
+        from tqdm import tqdm
+        ensemble = AdaFuse(self.models, self.config)
+        jobs = [functools.partial(ensemble.score_rolling, r.args[0]) for r in requests]
+        out = []
+        with tqdm(total=len(requests), desc="adafuse loglikelihood_rolling", disable=disable_tqdm) as bar:
+            for r, scored in zip(requests, run_many(jobs, self.concurrency)):
+                out.append(scored.fused)
+                self.cache_hook.add_partial("loglikelihood_rolling", r.args, scored.fused)
+                bar.update(1)
+        return out
