@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..metrics import corpus_scores
 from ..tasks import TASKS, data_dir, read_examples
+from .scored import SCORED
 
 HERE = Path(__file__).resolve().parent
 PREFIX = "adafuse_"  # lm-eval task names: adafuse_nq, adafuse_triviaqa, ..., adafuse_flores_de_en
@@ -115,5 +116,9 @@ def write_yamls(out: Path = HERE) -> list[Path]:
     for name in TASKS:
         path = out / f"{task_name(name)}.yaml"
         path.write_text(task_yaml(name), encoding="utf-8")
+        paths.append(path)
+    for name, text in SCORED.items():  # the scored tasks (multiple choice, perplexity): scored.py
+        path = out / f"{name}.yaml"
+        path.write_text(text(), encoding="utf-8")
         paths.append(path)
     return paths
