@@ -178,3 +178,37 @@ def test_lm_evals_local_completions_on_adafuse_serve_gives_adafuse_evals_outputs
                        ["-m", "lm_eval"], env={"OPENAI_API_KEY": SERVE_KEY})
     assert len(samples) == 2
     _same_as_eval(samples, eval_rows)
+
+
+# ---- models: the ensemble as a scorer against lm-eval's own `hf` model ----
+
+def _scoring_requests():
+    """loglikelihood requests from the shipped multiple-choice task (the sample data), a context ending in a space and
+    one ending mid-word (where a tokenizer merges across the boundary), and an empty context; rolling requests from the
+    perplexity task."""
+    from lm_eval.api.instance import Instance
+    from adafuse.harness.lm_eval_tasks.scored import load_choice_docs, load_text_docs
+    docs = load_choice_docs("triviaqa", str(SAMPLE_DATA))["test"].select(range(2))
+    pairs = [(d["prompt"], " " + c) for d in docs for c in d["choices"]]
+    pairs += [("Question: Who wrote Hamlet?\nAnswer: ", "William Shakespeare"), ("The capital of France is Par", "is, a city of light"),
+              ("", "Paris is the capital of France.")]
+    texts = [d["text"] for d in load_text_docs("flores-en-de", str(SAMPLE_DATA))["test"].select(range(2))]
+    return ([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)],
+            [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)])
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("member", range(len(DEFAULT_PAIR)))
+def test_one_member_scores_as_lm_evals_hf_model_on_that_model(pair, member):
+    """The `adafuse` model with one member gives, request by request, the log-likelihood and greedy flag lm-eval's
+    `hf` model gives for that model (fp32 on the CPU, within 1e-4), and the same rolling log-likelihoods."""
+    from lm_eval.models.huggingface import HFLM
+    from adafuse.models.local import bundled_folder
+    hf = HFLM(pretrained=str(bundled_folder(DEFAULT_PAIR[member])), dtype="float32", device="cpu", batch_size=4)
+    ours = AdaFuseLM(models=[pair[member]], method="greedy", concurrency=1)
+    choice, rolling = _scoring_requests()
+    want, got = hf.loglikelihood(choice, disable_tqdm=True), ours.loglikelihood(choice, disable_tqdm=True)
+    for req, (w, wg), (g, gg) in zip(choice, want, got):
+        assert g == pytest.approx(w, abs=1e-4) and gg == wg, req.args
+    want, got = hf.loglikelihood_rolling(rolling, disable_tqdm=True), ours.loglikelihood_rolling(rolling, True)
+    assert got == pytest.approx(want, abs=1e-4)

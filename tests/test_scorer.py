@@ -108,3 +108,9 @@ def test_lm_evals_loglikelihood_requests_get_the_fused_scores():
     rolled = AdaFuseLM(models=[A], method="greedy").loglikelihood_rolling(
         [Instance("loglikelihood_rolling", {}, ("Q: Paris",), 0)], disable_tqdm=True)
     assert rolled == [pytest.approx(AdaFuse([A], method="greedy").score_rolling("Q: Paris").logprob["a"])]
+
+
+def test_a_continuation_a_model_merges_into_the_context_entirely_is_a_typed_error():
+    """c reads "Q: P" as Q, ": P": after the context's 3 tokens nothing is left to score (hf asserts there)."""
+    with pytest.raises(PromptError, match="empty in a model's tokens"):
+        AdaFuse([A, C]).score("Q:", [" P"])

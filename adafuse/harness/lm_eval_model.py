@@ -14,6 +14,7 @@ lm-eval splits --model_args on commas, so the members are joined with "+" (weigh
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import replace
 from typing import Sequence
 
@@ -132,3 +133,15 @@ class AdaFuseLM(LM):
                 self.cache_hook.add_partial("loglikelihood_rolling", r.args, scored.fused)
                 bar.update(1)
         return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """lm-eval's command line with the `adafuse` model registered (this module is imported by now)."""
+    from lm_eval.__main__ import cli_evaluate
+    sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else argv)]
+    cli_evaluate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -102,8 +102,7 @@ def perplexity_yaml(name: str, source: str) -> str:
         'doc_to_text: ""',
         "doc_to_target: text",
         "metric_list:",
-        *[f"  - metric: {m}\n    aggregation: {m}\n    higher_is_better: false"
-          for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")],
+        *[f"  - metric: {m}" for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")],  # lm-eval's own
         "metadata:",
         "  version: 1.0",
         "",
