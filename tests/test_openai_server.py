@@ -134,6 +134,11 @@ def test_chat_continues_a_conversation_of_several_turns(toy):
     ({"model": "adafuse", "prompt": "Q", "adafuse": {"gate": "/etc/passwd"}}, 400, "adafuse.gate", "not a gate"),
     ({"model": "adafuse", "prompt": "Q", "max_tokens": 0}, 400, "max_tokens", "max_tokens=0 is invalid"),
     ({"model": "adafuse", "prompt": "Q", "n": 2}, 400, "n", "n=1"),
+    # lm-eval's local-completions scoring a prompt's own tokens: the --model adafuse path instead
+    ({"model": "adafuse", "prompt": "Q Paris", "echo": True, "logprobs": 1, "max_tokens": 1}, 400, "echo",
+     "--model adafuse"),
+    ({"model": "adafuse", "prompt": "Q", "adafuse": {"method": "fixed-span", "seed": 3}}, 400, "adafuse.seed",
+     "not a setting of method 'fixed-span'"),
     ({"model": "adafuse", "prompt": ["Q", "Q"]}, 400, "prompt", "one prompt per request"),
     ({"model": "adafuse", "prompt": [1, 2]}, 400, "prompt", "prompt"),
     ({"model": "adafuse", "prompt": "   "}, 400, "prompt", "empty"),

@@ -171,7 +171,10 @@ def completion_job(req: CompletionRequest, base: DecodeConfig, limits: Limits, t
         raise bad(f"prompt holds {len(prompts)} prompts: send one prompt per request (requests run concurrently)",
                   "prompt")
     if req.echo:
-        raise bad("echo=true is unsupported: the server returns only the decoded text", "echo")
+        raise bad("echo=true is unsupported: the members tokenize the prompt each their own way, so the ensemble has no "
+                  "per-token log-probabilities of it to echo (what lm-eval's local-completions asks for loglikelihood). "
+                  "Score text with lm-eval's `--model adafuse` (python -m adafuse lm-eval run --model adafuse "
+                  "--model_args models=A+B ...) or AdaFuse.score in Python", "echo", code="scoring_unsupported")
     if req.suffix:
         raise bad("suffix is unsupported: the ensemble decodes left to right only", "suffix")
     if req.logprobs is not None and not 0 <= req.logprobs <= 5:
