@@ -159,6 +159,10 @@ class Explorer:
     def _get(self, name: str):
         return MODELS.get(name, trust_remote_code=self.trusted)
 
+    def models(self, names, device: str | None = None) -> list:
+        """The page's models, loaded (or as loaded already) on `device`."""
+        return [self._get(n) for n in model_specs(names, device)]
+
     def plan(self, names, cfg: DecodeConfig, prompt: str, device: str | None = None,
              step: bool = False) -> tuple[str, str]:
         """What a Run or Step would do with these inputs: ("continue", changed live settings), ("new", ""), or
@@ -278,7 +282,7 @@ class Explorer:
         return d.trace
 
     def run_others(self, names, cfg: DecodeConfig, prompt: str, labels, device: str | None = None):
-        models = [self._get(n) for n in model_specs(names, device)]
+        models = self.models(names, device)
         for label in labels or []:
             trace = self._finish(AdaFuse(models, replace(cfg, **COMPARE_METHODS[label])).start(prompt))
             if trace is None:

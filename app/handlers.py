@@ -14,6 +14,7 @@ from adafuse.models import free_unused_memory
 from adafuse.stops import format_stops, propose_stops
 
 from . import analysis, plots
+from .answers import answers_figure, answers_frame, answers_summary, score_answers
 from .controller import Explorer, friendly, stop_note, unload
 from .divergence_view import divergence_figure, divergence_html
 from .explain_html import token_view_html
@@ -294,6 +295,19 @@ def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v, norm,
                 divergence_figure(rows, members[0]) if members else plots.empty_figure("no member ran"))
     except Exception as exc:  # noqa: BLE001
         return (ex, f"⚠️ **Error:** {html.escape(friendly(exc))}", *[gr.update()] * 8)
+    finally:
+        free_unused_memory()
+
+
+@gpu
+def on_answers(ex, question, text, dev, allow, *s):
+    """Answers: every candidate answer scored after the question by each model and the fused pair."""
+    ex = session(ex, allow)
+    try:
+        answers, scored = score_answers(ex.models(s[0], dev), _settings(*s), question, text)
+        return ex, answers_summary(answers, scored), answers_figure(answers, scored), answers_frame(answers, scored)
+    except Exception as exc:  # noqa: BLE001
+        return ex, f"⚠️ **Error:** {html.escape(friendly(exc))}", gr.update(), gr.update()
     finally:
         free_unused_memory()
 

@@ -12,6 +12,7 @@ from adafuse.harness.tasks import TASKS, data_source
 from adafuse.methods import MAX_MODELS
 
 from . import analysis, plots
+from .answers import ANSWERS, QUESTION
 from .controller import COMPARE_METHODS, EVAL_METHODS, device_choices, loaded_frame, remote_code_allowed
 from .explain_html import tree_html
 from .views import EVAL_SUMMARY_COLUMNS, EXAMPLE_COLUMNS, NORMALIZE, THINKING, _example_note, gate_choices
@@ -185,6 +186,25 @@ def weights_panel(ui: SimpleNamespace) -> None:
                                    "confidence, own NLL, position); replaces the sliders. Trained for "
                                    "the models it names and sets the NLL averaging it learned with.",
                               elem_id="af-gate")
+
+
+def answers_tab(ui: SimpleNamespace) -> None:
+    """Answers: which of a few candidate answers each model prefers after a question, and the fused pair."""
+    with gr.Tab("Answers", id="answers"):
+        gr.Markdown("Which of these answers do the models prefer? Each model scores every answer after the question "
+                    "in its own tokens (its log-likelihood, the sum over the answer's tokens); the fused score is "
+                    "their weighted mean, with the models, weights or gate set above — what lm-eval's "
+                    "multiple-choice tasks read. Nothing is generated.")
+        with gr.Row():
+            ui.ans_question = gr.Textbox(QUESTION, label="Question (the text each answer continues)", lines=3,
+                                         elem_id="af-ans-question")
+            ui.ans_choices = gr.Textbox(ANSWERS, label="Candidate answers, one per line (2 to 5)", lines=5,
+                                        elem_id="af-ans-choices")
+        ui.ans_btn = gr.Button("Score the answers", elem_id="af-ans-score")
+        ui.ans_status = gr.Markdown("", elem_id="af-ans-status")
+        ui.ans_plot = gr.Plot(plots.empty_figure("Each model's log-likelihood of every answer"), elem_id="af-ans-plot")
+        ui.ans_table = gr.Dataframe(pd.DataFrame(columns=["answer", "fused"]), label="Log-likelihoods",
+                                    elem_id="af-ans-table", interactive=False, wrap=True)
 
 
 def evaluate_tab(ui: SimpleNamespace) -> None:

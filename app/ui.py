@@ -7,8 +7,8 @@ import gradio as gr
 
 from . import api, layout
 from .controller import DECODE_QUEUE, load_examples, slots
-from .handlers import (on_branch, on_cancel, on_eval, on_filter, on_live, on_load, on_member, on_open, on_pick_row,
-                       on_prompt, on_reset, on_round, on_run, on_step, on_tokens, on_unload, on_upload)
+from .handlers import (on_answers, on_branch, on_cancel, on_eval, on_filter, on_live, on_load, on_member, on_open,
+                       on_pick_row, on_prompt, on_reset, on_round, on_run, on_step, on_tokens, on_unload, on_upload)
 from .style import CSS, INTRO, SHORTCUTS, TO_ANSWER, TO_VIEWS
 from .views import CANCEL_AT, STATUS_AT, USER, gate_normalize, loaded_views, weight_sliders
 
@@ -32,6 +32,7 @@ def build_demo() -> gr.Blocks:
             with gr.Column(scale=1, min_width=300, elem_id="af-settings"):
                 layout.settings_column(ui)
         with gr.Tabs():  # work on many prompts, and traces kept as files: full width below
+            layout.answers_tab(ui)
             layout.evaluate_tab(ui)
             layout.io_tab(ui)
         ui.outputs = [ui.fused, ui.compare_view, ui.margins_plot, ui.pool_plot, ui.wpr_plot, ui.rounds_df, ui.cost_df,
@@ -67,6 +68,10 @@ def wire_page(ui: SimpleNamespace) -> None:
                        ui.open_method, ui.open_line, ui.div_member, ui.div_plot],
                       concurrency_limit=1, concurrency_id="eval", **hidden).then(loaded_views, None, refresh,
                                                                                 show_progress="hidden", **hidden)
+    ui.ans_btn.click(on_answers, [ui.state, ui.ans_question, ui.ans_choices, ui.device, ui.trust, *ui.settings],
+                     [ui.state, ui.ans_status, ui.ans_plot, ui.ans_table], concurrency_limit=DECODE_QUEUE,
+                     concurrency_id="decode", **hidden).then(loaded_views, None, refresh, show_progress="hidden",
+                                                             **hidden)
     ui.eval_filter.input(on_filter, [ui.state, ui.eval_filter], [ui.eval_table, ui.eval_status], **hidden)
     ui.eval_table.select(on_pick_row, None, [ui.open_line], show_progress="hidden", **hidden)
     ui.div_member.input(on_member, [ui.state, ui.div_member], [ui.div_plot], **hidden)

@@ -411,6 +411,26 @@ def test_the_running_app_serves_named_api_endpoints(server):
     assert "gemma3-270m" in client.predict(api_name="/models")["bundled"]
 
 
+def test_the_answers_tab_shows_which_answer_each_model_and_the_pair_prefer(page):
+    """The toys after "Answer:": SmolLM2's prefers " Mount", Gemma's " William"; the fused mean prefers William."""
+    pg = page
+    fresh(pg)
+    open_tab(pg, "Answers")
+    pg.locator("#af-ans-score").click()
+    expect(pg.locator("#af-ans-status")).to_contain_text(re.compile("Preferred|Error"), timeout=120_000)
+    text = pg.locator("#af-ans-status").inner_text()
+    assert "Fused: William Shakespeare" in text and "smollm2-135m-instruct: Mount Everest" in text, text
+    assert "gemma3-270m: William Shakespeare" in text and "smollm2-135m-instruct prefers another answer" in text
+    pg.locator("#af-ans-plot .barlayer .trace").first.wait_for()
+    assert pg.locator("#af-ans-plot .barlayer .trace").count() == 3  # each model's chart and the fused one
+    assert "Charles Dickens" in pg.locator("#af-ans-table").inner_text()
+    pg.screenshot(path=str(SHOTS / "answers.png"), full_page=True)
+    pg.locator("#af-ans-choices textarea").fill("Paris")  # one answer is no choice: said, and the page stays
+    pg.locator("#af-ans-score").click()
+    expect(pg.locator("#af-ans-status")).to_contain_text("write 2 to 5", timeout=30_000)
+    assert pg.locator("#af-ans-plot .barlayer .trace").count() == 3
+
+
 def test_evaluate_tab_lists_results_and_opens_a_trace(page):
     pg = page
     fresh(pg)
