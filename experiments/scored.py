@@ -17,7 +17,7 @@ from pathlib import Path
 
 from adafuse import DEFAULT_PAIR
 
-OUT = Path("results/scored")
+OUT = Path(__file__).resolve().parents[1] / "results" / "scored"
 TASKS = ("adafuse_triviaqa_mc", "adafuse_flores_en_ppl")
 RUNS = {"fused pair": {"models": "+".join(DEFAULT_PAIR)},
         **{f"{name} alone": {"models": name, "method": "greedy"} for name in DEFAULT_PAIR}}

@@ -1,4 +1,5 @@
-"""The experiment runner (experiments/run.py): worker folders merge without duplicates, redo and --only by label."""
+"""The experiment runner (experiments/run.py): worker folders merge without duplicates, redo and --only by label; the
+README's table of the scored tasks comes from the stored runs (experiments/scored.py)."""
 import importlib.util
 import json
 from pathlib import Path
@@ -29,3 +30,9 @@ def test_experiment_workers_merge_without_duplicates(tmp_path):
     assert run.label("adafuse+gate=adafuse[gate=g.json,normalize=word]") == "adafuse+gate"
     assert run.label("adafuse[weights=1/9]") == "adafuse[weights=1/9]" and run.label("beam") == "beam"
     assert "adafuse+gate" in {run.label(m) for _, _, ms, _ in run.jobs(1, 1, 1) for m in ms}
+
+
+def test_the_readmes_table_of_the_scored_tasks_is_computed_from_the_stored_runs():
+    """The README quotes `python -m experiments.scored table` as the stored runs (results/scored/) make it."""
+    from experiments.scored import table
+    assert table() in (ROOT / "README.md").read_text(encoding="utf-8")

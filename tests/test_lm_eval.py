@@ -148,6 +148,22 @@ def test_every_shipped_yaml_runs_through_lm_eval_as_adafuse_eval_runs_it(tmp_pat
     assert any(r[0]["trace"]["output"] for r in rows.values())  # answers with text, not only empty ones
 
 
+def test_the_scored_tasks_run_through_lm_eval_on_the_ensemble_as_a_scorer():
+    """The shipped multiple-choice and perplexity YAMLs through lm-eval in-process on a toy pair: acc and acc_norm
+    from the fused log-likelihoods of each question's 4 answers, perplexities and bits per byte from the rolling ones
+    (lm-eval's own metrics)."""
+    from adafuse.harness.lm_eval_tasks.scored import SCORED, load_choice_docs, load_text_docs
+    docs = load_choice_docs("triviaqa", str(SAMPLE_DATA))["test"].select(range(3))
+    texts = load_text_docs("flores-en-de", str(SAMPLE_DATA))["test"].select(range(2))
+    assert all(len(set(d["choices"])) == 4 and 0 <= d["gold"] < 4 for d in docs)
+    a, b = toy_pair_for([d["prompt"] + " ".join(d["choices"]) for d in docs] + [d["text"] for d in texts])
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata={"data": str(SAMPLE_DATA)})
+    out = simple_evaluate(model=AdaFuseLM(models=[a, b]), tasks=list(SCORED), task_manager=manager, limit=3)
+    mc, ppl = out["results"]["adafuse_triviaqa_mc"], out["results"]["adafuse_flores_en_ppl"]
+    assert 0 <= mc["acc,none"] <= 1 and 0 <= mc["acc_norm,none"] <= 1
+    assert ppl["bits_per_byte,none"] > 0 and ppl["word_perplexity,none"] > 1
+
+
 # ---- models: the real lm_eval command line on the bundled pair ----
 
 @pytest.fixture(scope="module")
