@@ -114,3 +114,15 @@ def test_a_continuation_a_model_merges_into_the_context_entirely_is_a_typed_erro
     """c reads "Q: P" as Q, ": P": after the context's 3 tokens nothing is left to score (hf asserts there)."""
     with pytest.raises(PromptError, match="empty in a model's tokens"):
         AdaFuse([A, C]).score("Q:", [" P"])
+
+
+def test_a_learned_gate_weighs_the_models_log_likelihoods(tmp_path):
+    """A gate leaning on b (bias 3: b weighs e³ times a) fuses with those weights, as it does a decode's scores."""
+    from adafuse.gate import Gate
+    g = Gate.zeros(["a", "b"])
+    g.b = [0.0, 3.0]
+    g.save(tmp_path / "gate.json")
+    (paris,) = AdaFuse([A, B], DecodeConfig(gate=str(tmp_path / "gate.json"))).score("Q:", [" Paris"])
+    wa, wb = paris.weights["a"], paris.weights["b"]
+    assert wb / wa == pytest.approx(math.e ** 3, rel=1e-6)
+    assert paris.fused == pytest.approx((wa * L(0.6) + wb * (L(0.5) + L(0.8))) / (wa + wb))
