@@ -204,11 +204,11 @@ def _scoring_requests():
     perplexity task."""
     from lm_eval.api.instance import Instance
     from adafuse.harness.lm_eval_tasks.scored import load_choice_docs, load_text_docs
-    docs = load_choice_docs("triviaqa", str(SAMPLE_DATA))["test"].select(range(2))
+    docs = load_choice_docs("triviaqa", str(SAMPLE_DATA))["test"].select(range(1))
     pairs = [(d["prompt"], " " + c) for d in docs for c in d["choices"]]
     pairs += [("Question: Who wrote Hamlet?\nAnswer: ", "William Shakespeare"), ("The capital of France is Par", "is, a city of light"),
               ("", "Paris is the capital of France.")]
-    texts = [d["text"] for d in load_text_docs("flores-en-de", str(SAMPLE_DATA))["test"].select(range(2))]
+    texts = [d["text"] for d in load_text_docs("flores-en-de", str(SAMPLE_DATA))["test"].select(range(1))]
     return ([Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)],
             [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)])
 
