@@ -80,7 +80,7 @@ def test_the_import_structure_has_no_circles():
 
 SIZED = (PACKAGE, PACKAGE.parent / "app")  # the library and the app: no module over 450 lines, no function over 80
 # functions over 80 lines still to split (issue 43's second step); the list only shrinks: a new long function fails
-LONG_FUNCTIONS = {"adafuse/decoder.py::_pool_round", "adafuse/harness/bench.py::main",
+LONG_FUNCTIONS = {"adafuse/harness/bench.py::main",
                   "adafuse/harness/gate_train.py::train", "adafuse/harness/gate_train.py::main",
                   "adafuse/server/app.py::build_app", "adafuse/trace.py::check"}
 
