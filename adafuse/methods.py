@@ -14,7 +14,7 @@ import itertools
 import math
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -35,16 +35,20 @@ MAX_MODELS = 4  # the most models an ensemble decodes
 
 @dataclass
 class RoundContext:
-    """What a method sees of the decode in one round. Read it; the decoder owns the state behind it."""
+    """What a method sees of the decode in one round: the models' views and plain values for the round, never a way
+    back into the decoder (methods run on the models' worker threads)."""
     config: "DecodeConfig"
     views: list[ModelView]                  # each model's view, in the decode's model order
     names: list[str]                        # the models' names in the trace (a model given twice: "m", "m#2")
     output: str                             # the text committed so far
     budget: int                             # words left before max_new_words
-    drafts: Callable[[int], list[str]]      # model index -> texts it verifies before writing (speculative proposals)
-    lookups: Callable[[int], list[str]]     # model index -> prompt-lookup drafts (`draft_lookup`)
+    # for `propose(ctx, m)`, set just before model m proposes: the texts it verifies before writing (speculative
+    # proposals: one after another, the spans of the models that proposed before it this round; every model's span
+    # left over from the last round), and the prompt-lookup drafts (`draft_lookup`)
+    drafts: list[str] = field(default_factory=list)
+    lookups: list[str] = field(default_factory=list)
     last_writer: int | None = None          # the first model that acted in the previous round (None in round 0)
-    busy: Callable[[int], bool] = lambda m: False  # model m is still catching up in the background
+    busy: frozenset[int] = frozenset()      # models still catching up in the background (their views are not read)
 
 
 @dataclass
@@ -146,7 +150,7 @@ class AdaFuseMethod(Method):
         delta = margin(s.next_logprobs)
         if delta >= cfg.tau:
             p, margins = greedy_span(s, min(cfg.max_words, ctx.budget), cfg.tau, cfg.max_word_tokens,
-                                     drafts=ctx.drafts(m), guesses=ctx.lookups(m))
+                                     drafts=ctx.drafts, guesses=ctx.lookups)
             return Proposed([p], StepMode.COMMIT, margins)
         if self._diverse(cfg):
             record: dict = {}
@@ -198,7 +202,7 @@ class FixedSpan(Method):
     def propose(self, ctx, m):
         cfg = ctx.config
         p, margins = greedy_span(ctx.views[m], min(self.settings.span_words, ctx.budget), None, cfg.max_word_tokens,
-                                 drafts=ctx.drafts(m), guesses=ctx.lookups(m))
+                                 drafts=ctx.drafts, guesses=ctx.lookups)
         return Proposed([p], StepMode.SPAN, margins)
 
 
@@ -307,7 +311,7 @@ class Mixture(Method):
         ended), as text. Only models with nothing running in the background are read."""
         for o in sorted(range(len(ctx.views)), key=lambda o: o != ctx.last_writer):
             s = ctx.views[o]
-            if o == m or s.text != ctx.output or ctx.busy(o):
+            if o == m or s.text != ctx.output or o in ctx.busy:
                 continue
             t = best_token(s, s.next_logprobs)
             return "" if t in s.end_ids else s.decode_after(s.ids, [t])
