@@ -6,7 +6,8 @@
 `record` decodes every method and a spread of settings (speculation on/off, diversity off, per-word NLL, weights, a
 stop string, exploration by meaning, a learned gate, models side by side, settings changed mid-decode, an override)
 and writes each trace as JSON into DIR, every timing field ("seconds") removed. `compare` prints identical/different
-per file, with the first differing key path, and exits 1 on any difference (or a file missing on one side).
+per file, with the first differing key path, and exits 1 on any difference (or a file missing on one side); a trace's
+settings compare as the `DecodeConfig` they load into (the same decode written in an older settings format is equal).
 """
 from __future__ import annotations
 
@@ -53,13 +54,13 @@ def toy_runs() -> dict[str, tuple]:
                   "no-speculate": dict(speculate=False), "no-lookup": dict(draft_lookup=False),
                   "per-word": dict(normalize="word"), "weights": dict(weights=(3, 1)), "stop": dict(stop=(" nice", "\n")),
                   "score-single": dict(score_single=True), "gate": dict(gate=toy_gate(), tau=0.5)}
-    runs = {name: (replace(base, **kw), "pair", None, None) for name, kw in plain_runs.items()}
+    runs = {name: (DecodeConfig.of(base, **kw), "pair", None, None) for name, kw in plain_runs.items()}
     return runs | {
         "defaults": (DecodeConfig(), "pair", None, None), "greedy-a": (replace(base, method="greedy"), "a", None, None),
         "greedy-b": (replace(base, method="greedy"), "b", None, None),
         "embedding": (replace(base, exploration="embedding", tau=0.5), "embedded", None, None),
         "side-by-side": (replace(base, tau=0.5), "pair", True, None),
-        "mixture-side-by-side": (replace(base, method="mixture", seed=1, temperature=0), "pair", True, None),
+        "mixture-side-by-side": (DecodeConfig.of(base, method="mixture", seed=1, temperature=0), "pair", True, None),
         "steered": (replace(base, tau=0.5, max_words=1), "pair", None, "steer")}
 
 
@@ -68,7 +69,7 @@ def real_runs() -> dict[str, tuple]:
     plain_runs = {"adafuse": {}, "embedding": dict(exploration="embedding"), "mixture": dict(method="mixture", seed=0),
                   "token-union": dict(method="token-union"), "weights": dict(weights=(1, 3)),
                   "per-word": dict(normalize="word"), "fixed-span-2": dict(method="fixed-span", span_words=2)}
-    runs = {name: (replace(base, **kw), "pair", False, None) for name, kw in plain_runs.items()}
+    runs = {name: (DecodeConfig.of(base, **kw), "pair", False, None) for name, kw in plain_runs.items()}
     return runs | {m: (replace(base, method="greedy"), m[-1], False, None) for m in ("greedy-a", "greedy-b")}
 
 
@@ -135,6 +136,9 @@ def compare(da: Path, db: Path, ignore: list[str]) -> int:
             diff = f"missing in {da if not (da / name).exists() else db}"
         else:
             a, b = ({k: v for k, v in json.loads((d / name).read_text()).items() if k not in ignore} for d in (da, db))
+            for x in (a, b):  # settings as the configs they load into: a format change is not a change of decode
+                if "settings" in x:
+                    x["settings"] = DecodeConfig.from_dict(x["settings"]).to_dict()
             diff = None if (at := first_difference(a, b)) is None else f"different at {at}"
         print(f"{name}: {diff or 'identical'}")
         bad += diff is not None
