@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from .config import DecodeConfig
-from .method_registry import METHODS, own_settings
+from .method_registry import METHODS, method_specs, own_settings
+from .methods import BASELINE
 from .errors import AdafuseError
 from .many import DEFAULT_CONCURRENCY, check_concurrency
 from .models import BUNDLED, DEFAULT_PAIR
@@ -61,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--lines", metavar="FIRST-LAST",
                     help="only these data lines, both ends included: 1-50 are the reported ones, 51-100 the validation "
                          "lines, 101 on training (gate search/train); resumes like any run")
-    ev.add_argument("--methods", nargs="+", default=["adafuse", "greedy"], metavar="METHOD",
-                    help="adafuse, beam, token-union, mixture, fixed-span-N, greedy (each model alone), greedy:MODEL; "
-                         "settings in brackets: adafuse[branches=5,tau=0.5,diversity=false]")
+    ev.add_argument("--methods", nargs="+", default=list(BASELINE), metavar="METHOD",
+                    help=f"{', '.join(method_specs())} (fixed-span-N: any N; greedy: each model alone, greedy:MODEL "
+                         "one); settings in brackets: adafuse[branches=5,tau=0.5,diversity=false], mixture[seed=3]")
     ev.add_argument("--models", nargs="+", default=list(DEFAULT_PAIR), metavar="MODEL", help="ensemble members")
     ev.add_argument("--tau", type=float, help="τ_Δ for every method (default 0.7)")
     ev.add_argument("--max-words", type=int, help="M for every method (default 3)")

@@ -331,6 +331,10 @@ def draw_writer(u: float, count: int, weights) -> int:
     return bisect.bisect(cum, u * cum[-1], 0, count - 1)
 
 
+# what an evaluation runs unless told: AdaFuse against each model alone
+BASELINE = (AdaFuseMethod.name, Greedy.name)
+
+
 def make_method(config: "DecodeConfig") -> Method:
     """The method object of one decode."""
     return config.method_class(config)

@@ -9,7 +9,7 @@ import pandas as pd
 
 from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
 from adafuse.harness.tasks import TASKS, data_source
-from adafuse.methods import MAX_MODELS
+from adafuse.methods import BASELINE, MAX_MODELS
 
 from . import analysis, plots
 from .answers import ANSWERS, QUESTION
@@ -215,7 +215,7 @@ def evaluate_tab(ui: SimpleNamespace) -> None:
         with gr.Row():
             ui.eval_task = gr.Dropdown(list(TASKS), value="triviaqa", label="Task", elem_id="af-eval-task")
             ui.eval_n = gr.Slider(1, 20, value=3, step=1, label="Examples")
-            ui.eval_methods = gr.CheckboxGroup(list(EVAL_METHODS), value=["adafuse", "greedy"],
+            ui.eval_methods = gr.CheckboxGroup(list(EVAL_METHODS), value=list(BASELINE),
                                                label="Methods")
         ui.eval_btn = gr.Button("Run evaluation", elem_id="af-eval-run")
         ui.eval_status = gr.Markdown("", elem_id="af-eval-status")
