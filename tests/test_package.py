@@ -168,3 +168,15 @@ def test_no_module_reads_the_environment_at_import():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_decode_holds_its_policies_in_a_few_parts():
+    """`Decoding.__init__` sets at most 10 attributes: the loop and its lifecycle, each policy an object of its own
+    (speculation, catch-ups, fusion, settings changed mid-decode, the models at work)."""
+    tree = ast.parse((PACKAGE / "decoder.py").read_text(encoding="utf-8"))
+    init = next(f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "Decoding"
+                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    set_ = {t.attr for n in ast.walk(init) if isinstance(n, (ast.Assign, ast.AnnAssign))
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            if isinstance(t, ast.Attribute) and getattr(t.value, "id", None) == "self"}
+    assert len(set_) <= 10, sorted(set_)
