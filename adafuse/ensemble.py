@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Iterable, Iterator, Sequence
 
 from .config import DecodeConfig
+from .errors import PromptError
 from .decoder import Decoding, unique_names
 from .gate import load_gate
 from .models import LoadedModel, get_model
@@ -66,10 +67,14 @@ class AdaFuse:
         scored = self.scorer().score(context, continuations)
         if is_greedy and context.strip() and scored:
             words = max(1, max(count_words(c) for c in continuations))
-            out = AdaFuse(self.models, replace(self.config, max_new_words=words, stop=()), self.parallel,
-                          self.threads).generate(context).output
+            cfg = replace(self.config, max_new_words=words, stop=(), mode="raw", system="", history=())  # the text as is
+            try:
+                out = AdaFuse(self.models, cfg, self.parallel, self.threads).generate(context).output
+            except PromptError:  # a context longer than a model's window: scoring truncated it, a decode cannot
+                out = None
             for s in scored:
-                s.is_greedy = out.startswith(s.continuation) if s.continuation.strip() else None
+                s.is_greedy = None if out is None or not s.continuation.strip() else \
+                    out.startswith(s.continuation) and not out[len(s.continuation):][:1].isalnum()  # " 1" of " 10": no
         return scored
 
     def score_rolling(self, text: str) -> Likelihood:

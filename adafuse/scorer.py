@@ -69,7 +69,8 @@ def split(lm: LoadedModel, context: str, continuation: str) -> tuple[list[int], 
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
     ctx = encode(lm, context)
-    return ctx, encode(lm, context + continuation)[len(ctx):]
+    cont = encode(lm, context + continuation)[len(ctx):]
+    return (ctx or [prefix_token(lm)]), cont  # a context of whitespace only: hf asserts; here the empty context's token
 
 
 def max_length(lm: LoadedModel) -> int:
@@ -86,19 +87,11 @@ class Scores:
 
 @torch.inference_mode()
 def token_scores(lm: LoadedModel, ctx: list[int], conts: list[list[int]]) -> Scores:
-    """Each continuation's token log-probabilities after `ctx` (left-truncated so that context and continuation
-    fit the model's window, as lm-evaluation-harness does): one forward over the context, then the continuations
-    side by side on copies of its cache."""
+    """Each continuation's token log-probabilities after `ctx` (`fitted` to the window): one forward over the
+    context, then the continuations side by side on copies of its cache."""
     if not hasattr(lm, "batcher"):
         raise ConfigError(f"{lm.name} is served: scoring given text needs each member's full next-token "
                           "distributions, so score with local members")
-    if not all(conts):
-        raise PromptError("a continuation is empty in a model's tokens: nothing to score")
-    room = max_length(lm) + 1 - max(len(c) for c in conts)
-    if room < 1:
-        raise PromptError(f"a continuation of {max(len(c) for c in conts)} tokens does not fit {lm.name}'s window of "
-                          f"{max_length(lm)}: score it rolling")
-    ctx = ctx[-room:]
     cache = DynamicCache()
     first = lm.batcher.forward([ctx], cache, keep=1).logprobs[0, -1].float()  # (V,)
     rows = [c[:-1] for c in conts]
@@ -110,10 +103,25 @@ def token_scores(lm: LoadedModel, ctx: list[int], conts: list[list[int]]) -> Sco
     logprobs, greedy = [], []
     for i, c in enumerate(conts):
         steps = torch.cat([first[None], after[i, : len(c) - 1]]) if len(c) > 1 else first[None]  # (len(c), V)
-        target = torch.tensor(c)
+        target = torch.tensor(c, device=steps.device)
         logprobs.append(steps.gather(1, target[:, None])[:, 0].tolist())
         greedy.append(bool((steps.argmax(-1) == target).all()))
     return Scores(logprobs, greedy, first)
+
+
+def fitted(lm: LoadedModel, ctx: list[int], cont: list[int], text: str) -> tuple[list[int], list[int]]:
+    """The context left-truncated so that context and continuation fit the model's window, each request on its own
+    (lm-evaluation-harness's `(ctx + cont)[-(max_length + 1):]`); a continuation that is no token or fills the window
+    alone is a PromptError."""
+    if not cont:
+        raise PromptError(f"{text!r} adds no token of its own after the context for {lm.name} (its tokenizer merges it "
+                          "into the context's last token): end the context at a word boundary, or start the "
+                          "continuation with a space")
+    room = max_length(lm) + 1 - len(cont)
+    if room < 1:
+        raise PromptError(f"{text[:40]!r}… is {len(cont)} tokens for {lm.name}, whose window is {max_length(lm)}: "
+                          "score it rolling (AdaFuse.score_rolling)")
+    return ctx[-room:], cont
 
 
 def rolling_windows(tokens: list[int], prefix: int, max_len: int) -> list[tuple[list[int], list[int]]]:
@@ -147,7 +155,7 @@ class Scorer:
             return []
         per_model = []
         for lm in self.models:
-            pairs = [split(lm, context, c) for c in continuations]
+            pairs = [fitted(lm, *split(lm, context, c), c) for c in continuations]
             groups: dict[tuple[int, ...], list[int]] = {}
             for i, (ctx, _) in enumerate(pairs):  # continuations after the same context tokens: one forward
                 groups.setdefault(tuple(ctx), []).append(i)
@@ -157,20 +165,21 @@ class Scorer:
                 for k, i in enumerate(members):
                     found[i] = (s.logprobs[k], s.greedy[k], s.first)
             per_model.append([found[i] for i in range(len(continuations))])
+        weights = self._weights({n: per_model[m][0][2] for m, n in enumerate(self.names)})  # one for every answer
         out = []
         for i, text in enumerate(continuations):
             rows = {n: per_model[m][i] for m, n in enumerate(self.names)}
             logprob = {n: float(sum(r[0])) for n, r in rows.items()}
             tokens = {n: len(r[0]) for n, r in rows.items()}
-            weights = self._weights({n: r[2] for n, r in rows.items()}, logprob, tokens)
             out.append(Likelihood(text, logprob, tokens, {n: r[1] for n, r in rows.items()},
                                   fuse(logprob, weights), weights))
         return out
 
     def rolling(self, text: str) -> Likelihood:
         """The whole of `text` scored from its start, each model over its own tokens in windows of its context size
-        (lm-evaluation-harness's loglikelihood_rolling); the fused log-likelihood with the ensemble's weights (a
-        gate's weights need a word start to read, so a gated ensemble fuses with equal weights here)."""
+        (lm-evaluation-harness's loglikelihood_rolling); the fused log-likelihood with the ensemble's fixed weights (a
+        gate reads a word start, which a whole text does not have: a gated ensemble fuses with its fixed weights, equal
+        when none are set)."""
         logprob, tokens, greedy = {}, {}, {}
         for lm, name in zip(self.models, self.names):
             total, count, all_greedy = 0.0, 0, True
@@ -181,15 +190,16 @@ class Scorer:
         weights = dict(zip(self.names, self.weights)) if self.weights else {}
         return Likelihood(text, logprob, tokens, greedy, fuse(logprob, weights), weights)
 
-    def _weights(self, first: dict[str, torch.Tensor], logprob: dict[str, float], tokens: dict[str, int]) -> dict:
-        """The fusing weights: the gate's, read from each model's distribution at the context's end and its own
-        per-token NLL of the continuation (as a decode's round reads them), else the fixed ones (empty: equal)."""
+    def _weights(self, first: dict[str, torch.Tensor]) -> dict:
+        """The fusing weights, one set for every continuation of a context (answers compare on one scale): the gate's,
+        read from each model's distribution at the context's end (margin, entropy, confident or not; no proposal of
+        its own, so its own-NLL feature reads as absent), else the fixed ones (empty: equal)."""
         if self.gate is None or len(self.names) < 2:
             return dict(zip(self.names, self.weights)) if self.weights else {}
         feats = {}
         for n in self.names:
             delta = margin(first[n])
-            feats[n] = features(delta, entropy(first[n]), delta >= self.tau, -logprob[n] / max(1, tokens[n]), 0)
+            feats[n] = features(delta, entropy(first[n]), delta >= self.tau, None, 0)
         return self.gate.weights(feats)
 
 

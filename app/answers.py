@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 from adafuse import AdaFuse, DecodeConfig
 from adafuse.errors import ConfigError, PromptError
 from adafuse.harness.figures import MODEL_COLORS
+from adafuse.methods import Greedy
 from adafuse.scorer import Likelihood
 
 MIN_ANSWERS, MAX_ANSWERS = 2, 5
@@ -44,6 +45,8 @@ def score_answers(models: list, cfg: DecodeConfig, question: str, text: str) -> 
     if not (question or "").strip():
         raise PromptError("the question is empty: type the text each answer continues (e.g. \"Question: …\\nAnswer:\")")
     answers = parse_answers(text)
+    if len(models) == 1:  # one model scores alone: no ensemble method, weights or gate
+        cfg = replace(cfg, method=Greedy.name, weights=(), gate="")
     return answers, AdaFuse(models, replace(cfg, stop=())).score(question, continuations(question, answers))
 
 

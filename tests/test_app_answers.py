@@ -40,3 +40,9 @@ def test_answers_continue_the_question_after_a_space_unless_it_ends_with_one():
 def test_input_that_is_no_choice_is_a_typed_error(question, text, error, says):
     with pytest.raises(error, match=says):
         score_answers(list(toy_qa_pair()), DecodeConfig(), question, text)
+
+
+def test_one_model_alone_scores_the_answers():
+    a, _ = toy_qa_pair()
+    answers, scored = score_answers([a], DecodeConfig(weights=()), "Answer:", "Paris\nLondon")
+    assert "**Fused**: Paris" in answers_summary(answers, scored) and list(scored[0].logprob) == ["a"]

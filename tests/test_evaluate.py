@@ -18,7 +18,8 @@ def test_method_specs():
                                        "adafuse[branches=5,diversity=false,tau=0.5]"]
     assert runs[3].settings == {"method": "fixed-span-2"}
     assert runs[4].settings == {"method": "adafuse", "branches": 5, "diversity": False, "tau": 0.5}
-    for bad in ("vote", "adafuse[colour=red]", "fixed-span-x", "adafuse[weights=1/x]", "w=adafuse[colour=red]"):
+    for bad in ("vote", "adafuse[colour=red]", "fixed-span-x", "adafuse[weights=1/x]", "w=adafuse[colour=red]",
+                "adafuse[method=mixture]"):
         with pytest.raises(ConfigError):
             parse_methods([bad], ["a", "b"])
     named = parse_methods(["adafuse+weights=adafuse[weights=1/4]", "adafuse+gate=adafuse[gate=assets/gates/qa.json]"],

@@ -112,7 +112,7 @@ def test_lm_evals_loglikelihood_requests_get_the_fused_scores():
 
 def test_a_continuation_a_model_merges_into_the_context_entirely_is_a_typed_error():
     """c reads "Q: P" as Q, ": P": after the context's 3 tokens nothing is left to score (hf asserts there)."""
-    with pytest.raises(PromptError, match="empty in a model's tokens"):
+    with pytest.raises(PromptError, match="adds no token of its own after the context for c"):
         AdaFuse([A, C]).score("Q:", [" P"])
 
 
@@ -126,3 +126,34 @@ def test_a_learned_gate_weighs_the_models_log_likelihoods(tmp_path):
     wa, wb = paris.weights["a"], paris.weights["b"]
     assert wb / wa == pytest.approx(math.e ** 3, rel=1e-6)
     assert paris.fused == pytest.approx((wa * L(0.6) + wb * (L(0.5) + L(0.8))) / (wa + wb))
+    g.W[1][3] = 5.0  # b's weight rises with its own NLL: read per answer, an answer b dislikes would win b over
+    g.save(tmp_path / "gate.json")
+    both = AdaFuse([A, B], DecodeConfig(gate=str(tmp_path / "gate.json"))).score("Q:", [" Paris", " London"])
+    assert both[0].weights == both[1].weights  # one set of weights for every answer of a context
+
+
+def test_each_continuation_is_truncated_to_the_window_on_its_own_as_hf_does():
+    """A window of 5: "Q: Paris" keeps 4 context tokens before its 1, a 2-token continuation only 3."""
+    from adafuse.scorer import fitted
+    a = toy_model("a", ["Q", ":", " Paris", " P", "aris"], {}, max_positions=5)
+    ctx, _ = split(a, "Q:Q:Q:", " Paris")  # <bos> Q : Q : Q :
+    assert fitted(a, ctx, [4], " Paris")[0] == ctx[-5:] and fitted(a, ctx, [5, 6], " P aris")[0] == ctx[-4:]
+    one, two = AdaFuse([a], method="greedy").score("Q:Q:Q:", [" Paris", " Paris Paris"])
+    assert one.tokens["a"] == 1 and two.tokens["a"] == 2
+
+
+def test_is_greedy_needs_the_whole_word_and_decodes_the_raw_text():
+    from tests.toy_tasks import toy_qa_pair
+    paris, pari = AdaFuse(list(toy_qa_pair()), mode="chat").score("Answer:", [" Paris", " Pari"], is_greedy=True)
+    assert paris.is_greedy and pari.is_greedy is False  # " Pari" begins " Paris" but is not its word
+
+
+def test_a_context_of_whitespace_only_is_the_models_first_token():
+    """A tokenizer that adds no BOS reads "  " as no token (hf asserts there): the context is its EOS, as empty."""
+    from adafuse.models import LocalModel
+    from tests.toy import ToyLM, ToyTokenizer
+    tok = ToyTokenizer(["Q", ":", " ", "Q:"], bos=None)
+    lm = LocalModel.from_objects("nobos", ToyLM(tok, {"<eos>": {"Q": 0.5}}), tok)
+    assert split(lm, "  ", "Q:") == ([tok.eos_token_id], [tok.index[" "], tok.index[" "], tok.index["Q:"]])
+    (s,) = AdaFuse([lm], method="greedy").score("  ", ["Q:"])
+    assert s.tokens["nobos"] == 3

@@ -65,6 +65,9 @@ def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
         settings, own = {}, {}
         for part in filter(None, (m.group("args") or "").split(",")):
             key, _, raw = part.partition("=")
+            if key.strip() == "method":
+                raise ConfigError(f"method in the settings of {spec!r}: the method is the spec's name, e.g. "
+                                  "mixture[seed=3]")
             (own if key.strip() in own_settings() else settings)[key.strip()] = setting_value(key.strip(), raw,
                                                                                                repr(spec))
         settings = {"method": canonical(m.group("name"), **own), **settings}  # the method's own in its spec
