@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
-from transformers import DynamicCache
 
 from .errors import ConfigError, PromptError
 from .gate import Gate, entropy, features
@@ -88,12 +87,14 @@ class Scores:
 @torch.inference_mode()
 def token_scores(lm: LoadedModel, ctx: list[int], conts: list[list[int]]) -> Scores:
     """Each continuation's token log-probabilities after `ctx` (`fitted` to the window): one forward over the
-    context, then the continuations side by side on copies of its cache."""
+    context (over what the model's prefix store does not hold of it already), then the continuations side by side
+    on copies of its cache."""
     if not hasattr(lm, "batcher"):
         raise ConfigError(f"{lm.name} is served: scoring given text needs each member's full next-token "
                           "distributions, so score with local members")
-    cache = DynamicCache()
-    first = lm.batcher.forward([ctx], cache, keep=1).logprobs[0, -1].float()  # (V,)
+    with lm.prefixes.prefill(ctx) as (cache, reused):  # a prefix shared with other prompts (few-shot examples): reused
+        first = lm.batcher.forward([ctx[reused:]], cache, keep=1).logprobs[0, -1].float()  # (V,)
+        lm.prefixes.store(ctx, cache)
     rows = [c[:-1] for c in conts]
     after = None
     if any(rows):
