@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$PY" -m pip wheel -q --no-deps -w "$work/dist" .
+mkdir "$work/src"  # built from a copy of the tracked files: nothing untracked rides along, no build/ left here
+git ls-files -z | xargs -0 cp --parents -t "$work/src"
+"$PY" -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
 "$PY" -m venv "$work/venv"
 venv="$work/venv/bin/python"
 torch_pin=$(grep -E '^# *pip install torch==' pyproject.toml | sed -E 's/.*(torch==[^ ]+).*/\1/' | head -n 1)
