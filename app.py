@@ -43,7 +43,7 @@ if __name__ == "__main__":
 from app.gpu import ZERO_GPU  # noqa: E402  (first: on ZeroGPU, importing `spaces` patches torch)
 from app.ui import CSS, build_demo  # noqa: E402  (import from app.* at the top: reload mode swaps "app")
 
-if ZERO_GPU:  # ZeroGPU wants the weights placed at startup; each decode then borrows a GPU (app.gpu.gpu)
+if ZERO_GPU:  # ZeroGPU wants the weights placed at startup; model work then runs in GPU leases (app/leases.py)
     from adafuse import DEFAULT_PAIR
     from app.controller import MODELS
     for name in DEFAULT_PAIR:

@@ -3,7 +3,7 @@ import time
 
 import gradio as gr
 
-from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, AdaFuse, DecodeConfig
+from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, AdaFuse, DecodeConfig, Trace
 from adafuse.methods import MAX_MODELS
 from adafuse.errors import AdafuseError, ConfigError, PromptError
 from adafuse.stops import parse_stops
@@ -34,7 +34,6 @@ def _stops(stop: list[str] | str) -> tuple[str, ...]:
     return tuple(stop)
 
 
-@gpu
 def decode(prompt: str, models: list[str] | str = ",".join(DEFAULT_PAIR), tau: float = 0.7, max_words: int = 3,
            branches: int = 3, max_new_words: int = 40, mode: str = "raw", stop: list[str] | str = "",
            system: str = "", thinking: bool | None = None) -> dict:
@@ -45,19 +44,33 @@ def decode(prompt: str, models: list[str] | str = ",".join(DEFAULT_PAIR), tau: f
             raise PromptError("the prompt is empty: give the text to continue, e.g. 'Question: ...\\nAnswer:'")
         cfg = DecodeConfig(tau=tau, max_words=max_words, branches=branches, max_new_words=max_new_words, mode=mode,
                            stop=_stops(stop), system=system, thinking=thinking)
-        lms = [MODELS.get(n) for n in _model_names(models)]
-        ticket = slots().ticket()  # in line with the page's decodes
+        names = _model_names(models)
+        ticket = slots().ticket()  # in line with the page's decodes, holding no GPU while it waits
         try:
             while not slots().try_take(ticket):
                 time.sleep(0.5)
-            trace = AdaFuse(lms, cfg).generate(prompt)
+            trace = _generate(names, cfg, prompt)
         finally:
             slots().release(ticket)
-    except AdafuseError as exc:  # the client sees the message (gradio_client raises AppError with it); the server
-        # log stays free of tracebacks for a caller's mistake
-        raise gr.Error(str(exc), title=type(exc).__name__, print_exception=False) from exc
+    except AdafuseError as exc:
+        raise _client_error(exc) from exc
     return {"output": trace.output, "words": trace.words, "rounds": len(trace.rounds),
             "stop_reason": trace.stop_reason, "trace": trace.to_dict()}
+
+
+@gpu
+def _generate(names: list[str], cfg: DecodeConfig, prompt: str) -> Trace:
+    """/decode's lease (app/gpu.py): the models loaded (or as loaded already), then the whole decode."""
+    try:
+        return AdaFuse([MODELS.get(n) for n in names], cfg).generate(prompt)
+    except AdafuseError as exc:  # typed here: ZeroGPU hands other errors back from its worker as a bare class name
+        raise _client_error(exc) from exc
+
+
+def _client_error(exc: AdafuseError) -> gr.Error:
+    """A caller's mistake as the client sees it (gradio_client raises AppError with the message); the server log
+    stays free of tracebacks for it."""
+    return gr.Error(str(exc), title=type(exc).__name__, print_exception=False)
 
 
 def list_models() -> dict:

@@ -10,12 +10,11 @@ import gradio as gr
 import pandas as pd
 
 from adafuse.gate import load_gate
-from adafuse.models import free_unused_memory
 from adafuse.stops import format_stops, propose_stops
 
-from . import analysis, plots
-from .answers import answers_figure, answers_frame, answers_summary, score_answers
-from .controller import Explorer, friendly, stop_note, unload
+from . import analysis, leases, plots
+from .answers import answers_figure, answers_frame, answers_summary
+from .controller import Explorer, friendly, unload
 from .divergence_view import divergence_figure, divergence_html
 from .explain_html import token_view_html
 from .gpu import gpu
@@ -46,7 +45,6 @@ def on_unload(name):
     return (msg, *loaded_views())
 
 
-@gpu
 def shown(ex, status: str, **kw):
     """The outputs for session `ex`, or for the fresh one a Reset made while this handler was still working
     (its last outputs must not bring the old session back)."""
@@ -92,57 +90,14 @@ def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, pick
             return
         ex.running, ex.cancel_requested, ex.live_config = True, False, None
         ticket = yield from in_line(ex, "run")
-        parts, t = {"waiting for a slot": time.monotonic() - pressed}, time.monotonic()
+        parts = {"waiting for a slot": time.monotonic() - pressed}
         if ticket is None:
             ex.running = False
             yield shown(ex, "■ left the line: nothing was decoded")
             return
-        for i, n, spec, lm, secs in ex.load_each(names, dev):  # a cold start says which model it is on
-            if lm is None:
-                yield shown(ex, f"… loading model {i} of {n}: {html.escape(spec)}", export=False)
-            elif secs > 1:
-                yield shown(ex, f"… {html.escape(lm.name)} ready ({secs:.1f}s)", export=False, loaded=True)
-        parts["loading models"], t = time.monotonic() - t, time.monotonic()
-        yield shown(ex, "… reading the prompt", export=False)
-        before = ex.decoding
-        d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
-        changed = f" ({what} from round {d.trace.changes[-1]['from_round']})" if what else ""
-        if d is before and d.pending is not None and picked is not None:  # the step mode's pick goes first
-            r = d.commit(int(picked))
-            changed += f" (round {r.index}: " + ("your pick" if r.overridden else "the winner") + ")"
-        yield shown(ex, f"… decoding{changed}", export=False, loaded=True)
-        moved = ""  # the last settings moved during the Run, said on every round's line after it
-        while not d.done and not ex.cancel_requested and not ex.past_deadline(d):
-            r = d.step()
-            now = ex.apply_live(d)  # settings moved during the Run: from the next round on, marked
-            moved = f" · {now} from round {d.trace.changes[-1]['from_round']}" if now else moved
-            yield shown(ex, f"… round {r.index + 1} · {count(d.trace.words, 'word')}{html.escape(moved)}",
-                        export=False)
-        t = time.monotonic()
-        if not ex.cancel_requested:
-            for label in ex.run_others(names, cfg, prompt_text, other_methods, dev):
-                yield shown(ex, f"… {label} done", export=False)
-        if want_singles and not ex.cancel_requested:
-            for name in ex.run_singles(names, cfg, prompt_text, dev):
-                yield shown(ex, f"… {name} alone done", export=False)
-        parts["the comparisons"] = time.monotonic() - t
-        ex.running = False
-        if ex.cancel_requested and not d.done:  # kept unfinished: Step or Run goes on from these words
-            kept = count(d.trace.words, 'word')
-            yield shown(ex, f"■ cancelled after round {len(d.trace.rounds)}: the {kept} so far "
-                            f"{'is' if d.trace.words == 1 else 'are'} kept — Step › or ▶ Run continues "
-                            "from there, ↺ Reset starts over",
-                        loaded=True)
-            return
-        if ex.cancel_requested:  # the fused decode had finished: only the comparisons were stopped
-            yield shown(ex, f"■ cancelled the comparisons; the fused decode had finished: "
-                            f"{count(d.trace.words, 'word')}, {stop_note(d.trace)}", loaded=True)
-            return
-        named = ", ".join(f"{k} {v:.1f}s" for k, v in parts.items() if v >= 0.1)
-        yield shown(ex, f"✓ done: {count(d.trace.words, 'word')} in {count(len(d.trace.rounds), 'round')} "
-                        f"({d.trace.seconds:.1f}s wall clock of the fused decode; "
-                        f"{time.monotonic() - pressed:.1f}s in all{': ' + named if named else ''}), "
-                        f"{stop_note(d.trace)}", loaded=True)
+        for ex, status, kw in leases.run(ex, names, dev, cfg, prompt_text, picked, what, other_methods,
+                                         want_singles, pressed, parts):  # the page is drawn outside the lease
+            yield shown(ex, status, **kw)
     except Exception as exc:  # noqa: BLE001
         ex.running = False
         yield failed(ex, exc)
@@ -151,7 +106,6 @@ def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, pick
         done_with(ticket)
 
 
-@gpu
 def on_step(ex, names, dev, allow, prompt_text, picked, *s):
     ex = session(ex, allow)
     if ex.running:  # a toast: the running decode keeps writing the status line
@@ -168,24 +122,7 @@ def on_step(ex, names, dev, allow, prompt_text, picked, *s):
         if ticket is None:
             ex.running = False
             return shown(ex, "■ left the line: nothing was stepped")
-        before = ex.decoding
-        d = ex.begin(names, cfg, prompt_text, resume=True, device=dev)
-        fresh = d is not before
-        if not fresh and d.pending is not None:
-            r = d.commit(int(picked) if picked is not None else None)
-            note = f"committed round {r.index}" + (" (your override)" if r.overridden else "")
-        else:
-            note = "started" if fresh else f"continued from round {len(d.trace.rounds)}"
-        if what and not fresh:
-            note += f" · {what} from round {d.trace.changes[-1]['from_round']}"
-        if ex.cancel_requested:  # Cancel pressed while this step ran
-            d.cancel()
-            note += "; cancelled"
-        elif not d.done:
-            p = d.propose()
-            note += f"; round {p.index} decided — pick a candidate or press Step to accept the winner"
-        else:
-            note += f"; finished ({stop_note(d.trace)})"
+        ex, note = leases.step(ex, names, dev, cfg, prompt_text, picked, what)
         ex.running = False
         return shown(ex, f"› {html.escape(note)}", loaded=True)
     except Exception as exc:  # noqa: BLE001
@@ -205,7 +142,6 @@ def on_cancel(ex):
                             "starts over" if ex.trace else "nothing is running"))
 
 
-@gpu
 def on_branch(ex, r_idx, c_idx):
     ex = ex or Explorer()
     if ex.running:
@@ -220,12 +156,8 @@ def on_branch(ex, r_idx, c_idx):
             yield shown(ex, "■ left the line: nothing was branched")
             return
         yield shown(ex, f"… branching from round {r_idx}: deciding the rounds before it again", export=False)
-        for label, d in ex.branch(r_idx, c_idx):
-            yield shown(ex, f"… {html.escape(label)}: round {len(d.trace.rounds)} · "
-                            f"{count(d.trace.words, 'word')}", export=False)
-        ex.running = False
-        yield shown(ex, f"✓ {html.escape(label)}: {count(d.trace.words, 'word')} ({stop_note(d.trace)}); "
-                        "see it beside the original under *Fused vs alone*", loaded=True)
+        for ex, status, kw in leases.branch(ex, r_idx, c_idx):  # the page is drawn outside the lease
+            yield shown(ex, status, **kw)
     except Exception as exc:  # noqa: BLE001
         ex.running = False
         yield failed(ex, exc)
@@ -234,11 +166,10 @@ def on_branch(ex, r_idx, c_idx):
         done_with(ticket)
 
 
-@gpu
 def on_tokens(ex, r_idx, c_idx):
     ex = ex or Explorer()
     try:
-        return token_view_html(ex.tokens(r_idx, c_idx))
+        return token_view_html(leases.tokens(ex, r_idx, c_idx))
     except Exception as exc:  # noqa: BLE001
         return f'<div class="af-empty">⚠️ {html.escape(friendly(exc))}</div>'
 
@@ -269,15 +200,15 @@ def on_upload(ex, file):
         return (ex, *_error(ex, exc))
 
 
-@gpu(duration=600)
 def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v, norm,
             progress=gr.Progress(track_tqdm=True)):
     from adafuse.harness.evaluate import summarize
     ex = session(ex, allow)
     try:
-        rows = ex.evaluate(task_name, n, methods, names,
-                           {"tau": float(tau_v), "max_words": int(m_v), "branches": int(b_v),
-                            "normalize": NORMALIZE.get(norm, norm)}, dev)
+        ex = leases.evaluate(ex, task_name, n, methods, names,
+                             {"tau": float(tau_v), "max_words": int(m_v), "branches": int(b_v),
+                              "normalize": NORMALIZE.get(norm, norm)}, dev)
+        rows = ex.eval_rows
         table = analysis.example_table(rows)
         labels = sorted({r["method"] for r in rows})
         members = analysis.members(rows)
@@ -295,21 +226,16 @@ def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v, norm,
                 divergence_figure(rows, members[0]) if members else plots.empty_figure("no member ran"))
     except Exception as exc:  # noqa: BLE001
         return (ex, f"⚠️ **Error:** {html.escape(friendly(exc))}", *[gr.update()] * 8)
-    finally:
-        free_unused_memory()
 
 
-@gpu
 def on_answers(ex, question, text, dev, allow, *s):
     """Answers: every candidate answer scored after the question by each model and the fused pair."""
     ex = session(ex, allow)
     try:
-        answers, scored = score_answers(ex.models(s[0], dev), _settings(*s), question, text)
+        answers, scored = leases.answers(ex, s[0], dev, _settings(*s), question, text)
         return ex, answers_summary(answers, scored), answers_figure(answers, scored), answers_frame(answers, scored)
     except Exception as exc:  # noqa: BLE001
         return ex, f"⚠️ **Error:** {html.escape(friendly(exc))}", gr.update(), gr.update()
-    finally:
-        free_unused_memory()
 
 
 def on_filter(ex, show):
