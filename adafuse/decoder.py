@@ -57,7 +57,7 @@ class Decoding:
                          "forward_passes": s.forward_passes,
                          "tokens_fed": s.tokens_fed, "seconds": s.seconds, "cached_tokens": s.stats()[3]}
                      for n, s in zip(names, views)},
-            devices={n: ", ".join(lm.devices) for n, lm in zip(names, models)},
+            devices={n: lm.placement() for n, lm in zip(names, models)},
             workers=self.crew.workers.describe(),
             seconds=time.perf_counter() - t0,
         )

@@ -45,6 +45,15 @@ class LoadedModel(ABC):
         """Every place computing part of the model (devices, or a server)."""
 
     @property
+    def forwards(self) -> str:
+        """How its forwards run, where it matters to its numbers ("" : as usual)."""
+        return ""
+
+    def placement(self) -> str:
+        """Where it computes, as a trace records it: its devices, and how its forwards run where that is unusual."""
+        return ", ".join(self.devices) + (f" ({self.forwards})" if self.forwards else "")
+
+    @property
     @abstractmethod
     def dtype(self):
         """The weights' dtype (a torch.dtype), or "served"."""
@@ -138,7 +147,7 @@ class LoadedModel(ABC):
         """Plain facts for tables: name, device, dtype, memory, load time, source, notes (how it was loaded)."""
         return {"model": self.name, "device": ", ".join(self.devices), "dtype": str(self.dtype).replace("torch.", ""),
                 "memory_mib": round(self.memory_bytes / 2**20, 1), "load_seconds": round(self.load_seconds, 1),
-                "source": self.source, "notes": "; ".join(self.notes)}
+                "source": self.source, "notes": "; ".join([*self.notes, self.forwards] if self.forwards else self.notes)}
 
 
 def tokenizer_adds_bos(tokenizer) -> bool:

@@ -24,3 +24,6 @@ BUNDLED: Mapping[str, Mapping[str, str]] = _CATALOG["bundled"]
 DEFAULT_PAIR: tuple[str, ...] = tuple(_CATALOG["default_pair"])
 # The paper's base models, offered by id in the app (they need the Hub or a local cache).
 PAPER_MODELS: tuple[str, ...] = tuple(_CATALOG["paper_models"])
+# Model families (config.model_type) whose requests share packed forwards with their own numbers exactly, in every
+# packed mode with "sdpa" and "eager" attention: checked by the conformance suite (tests/test_conformance.py)
+PACKED_EXACT_FAMILIES: frozenset[str] = frozenset(_CATALOG["packed_exact_families"])

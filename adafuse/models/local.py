@@ -16,6 +16,7 @@ from .batching import Batcher, Runtime
 from .base import end_ids as find_end_ids
 from .catalog import BUNDLED, PAPER_MODELS
 from .cpu import use_cpu_kernels
+from .families import packing_refused
 from .gguf import META, convert_gguf
 from .idle import IdleViews
 from .prefixes import PrefixStore
@@ -67,6 +68,12 @@ class LocalModel(LoadedModel):
     @property
     def devices(self) -> list[str]:
         return sorted({str(p.device) for p in self.model.parameters()})
+
+    @property
+    def forwards(self) -> str:
+        """Said where its requests cannot share packed forwards exactly (models/families.py): they run one by one."""
+        reason = packing_refused(self.model) if hasattr(self.model, "set_attn_implementation") else None
+        return f"forwards one by one: {reason}" if reason else ""
 
     @property
     def memory_bytes(self) -> int:

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .families import PACKED, own_eager, packing_refused
+
 # The attention implementation a batched model runs (registered with transformers under this name): the model's own
 # attention function (`inner`) over the packed requests, in one of ATTENTION_MODES.
-PACKED = "adafuse_packed"
 # A single call per layer ("rows", then "one") where it computes at most this many times the query-key pairs the rows
 # need (their own keys only); above it, a call per request
 ONE_CALL_WASTE = 4.0
@@ -32,6 +33,11 @@ ATTENTION_MODES = ("auto", "one", "rows", "loop")
 # The keyword a packed forward hands its `_PackedCache` to `packed_attention` by: transformers passes the model's extra
 # keyword arguments down to the attention function (as its continuous batching passes `cu_seq_lens`)
 RUN = "adafuse_packed"
+# Inner attention functions whose causal flag (SDPA's `is_causal`, set when no mask is given and several positions
+# are new) is the causal rule of a prefill with nothing cached; any other (eager) always gets a mask
+CAUSAL_KERNELS = ("sdpa", "adafuse_grouped_sdpa")
+# The most booleans a request's mask holds at once (4 MB): a long prompt after a cache attends in chunks of queries
+MASK_CELLS = 1 << 22
 
 
 def _device(model) -> torch.device:
@@ -77,20 +83,28 @@ class _Segment:
     def stop(self) -> int:
         return self.start + self.rows * self.length
 
-    def mask(self, window: int | None, device) -> torch.Tensor | None:
-        """(1, 1, T, past + T) booleans, True where a position may look: causal after the past (and inside the
-        sliding window); None where the kernel's own causal rule is the same (nothing past, or one new position)."""
+    def mask(self, window: int | None, device, causal_kernel: bool, first: int = 0,
+             last: int | None = None) -> torch.Tensor | None:
+        """(1, 1, Q, past + last) booleans for queries `first`..`last` - 1 (Q of them; all by default), True where a
+        position may look: causal after the past (and inside the sliding window). None where the kernel needs none: one
+        new position seeing every cached one, or a `causal_kernel` (SDPA's causal flag) over a prefill with nothing
+        cached. Eager attention has no causal rule of its own: it always gets one for several new positions. The whole
+        segment's mask is kept per window (the layers share it); a part of it is made for its call."""
+        last = self.length if last is None else last
         cut = window is not None and self.past + self.length > window
-        if not cut and (self.past == 0 or self.length == 1):
+        if not cut and (self.length == 1 or (self.past == 0 and causal_kernel)):
             return None
-        if window not in self.masks:
-            q = torch.arange(self.past, self.past + self.length, device=device)[:, None]
-            k = torch.arange(self.past + self.length, device=device)[None, :]
-            visible = k <= q
-            if window is not None:
-                visible &= k > q - window
+        whole = first == 0 and last == self.length
+        if whole and window in self.masks:
+            return self.masks[window]
+        q = torch.arange(self.past + first, self.past + last, device=device)[:, None]
+        k = torch.arange(self.past + last, device=device)[None, :]
+        visible = k <= q
+        if window is not None:
+            visible &= k > q - window
+        if whole:
             self.masks[window] = visible[None, None]
-        return self.masks[window]
+        return visible[None, None]
 
 
 class _PackedCache:
@@ -198,16 +212,34 @@ def packed_attention(module, query, key, value, attention_mask, **kwargs):
     if mode == "rows":
         cache.calls += len({s.length for s in segments})  # a call per length the requests feed
         return _rows_call(module, inner, query, segments, kv, window, cache.masks, **kwargs)
-    outs = []
     cache.calls += len(segments)
-    for s, (k, v) in zip(segments, kv):
-        q = _unpack(query, s)
-        mask = s.mask(window, query.device)
+    return torch.cat([_loop_call(module, inner, _unpack(query, s), k, v, s, window, **kwargs)
+                      for s, (k, v) in zip(segments, kv)], 1), None
+
+
+def _loop_call(module, inner, q, k, v, s: _Segment, window: int | None, **kwargs) -> torch.Tensor:
+    """One request's attention, (1, rows·T, H, D): its queries (rows, H, T, D) against its own keys and values. A
+    request whose mask would pass MASK_CELLS (a long prompt after a cache) attends in chunks of queries, each against
+    the keys up to its last position: the same numbers, the mask bounded."""
+    causal = _inner_name(module) in CAUSAL_KERNELS
+    keys = s.past + s.length
+    step = s.length if s.length * keys <= MASK_CELLS else max(1, MASK_CELLS // keys)
+    parts = []
+    for first in range(0, s.length, step):
+        last = min(s.length, first + step)
+        mask = s.mask(window, q.device, causal, first, last)
         if mask is not None and _float_masks(module):
-            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
-        o, _ = inner(module, q, k, v, mask, **kwargs)  # (rows, T, H, D)
-        outs.append(o.reshape(1, s.rows * s.length, *o.shape[2:]))
-    return torch.cat(outs, 1), None
+            mask = _additive(mask, q.dtype)
+        end = s.past + last
+        o, _ = inner(module, q[:, :, first:last], k[:, :, :end], v[:, :, :end], mask, **kwargs)  # (rows, Q, H, D)
+        parts.append(o)
+    o = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    return o.reshape(1, s.rows * s.length, *o.shape[2:])
+
+
+def _additive(mask: torch.Tensor, dtype) -> torch.Tensor:
+    """A boolean mask as eager attention adds it: 0 where a position may look, the dtype's lowest value elsewhere."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
 def _dense_waste(segments: list[_Segment], kv) -> float:
@@ -228,7 +260,7 @@ def _cheapest(segments: list[_Segment], kv, device: torch.device) -> str:
     """What "auto" runs: on a CPU a call per request (measured the fastest there: see the module doc); elsewhere the
     rows call where some requests feed as many tokens as others (one call per length) and padding wastes little, the
     dense one call where it wastes little, else a call per request."""
-    if device.type == "cpu":
+    if not launches_cost_more(device):
         return "loop"
     lengths = {s.length for s in segments}
     if len(lengths) == len(segments):
@@ -237,6 +269,11 @@ def _cheapest(segments: list[_Segment], kv, device: torch.device) -> str:
     if max(_rows_waste([s for s, _ in g], [p for _, p in g]) for g in groups) <= ONE_CALL_WASTE:
         return "rows"
     return "one" if _dense_waste(segments, kv) <= ONE_CALL_WASTE else "loop"
+
+
+def launches_cost_more(device: torch.device) -> bool:
+    """Whether a kernel launch costs more than the arithmetic of a small call on `device` (an accelerator's)."""
+    return device.type != "cpu"
 
 
 def _rows_call(module, inner, query, segments, kv, window, masks: dict, **kwargs):
@@ -264,11 +301,14 @@ def _rows_call(module, inner, query, segments, kv, window, masks: dict, **kwargs
     keys = torch.cat([padded(k) for k, _ in kv])
     values = torch.cat([padded(v) for _, v in kv])
     lengths = tuple(k.shape[2] for k, _ in kv)
-    mask = masks.get(("rows", lengths, window))
+    # the mask depends on what each row feeds after what it holds, not only on the keys' lengths: a group feeding one
+    # token and a later one feeding three can have the same lengths
+    key = ("rows", tuple((s.past, s.length, s.rows) for s in segments), lengths, window)
+    mask = masks.get(key)
     if mask is None:
-        mask = masks[("rows", lengths, window)] = _row_mask(segments, lengths, longest, window, query.device)
+        mask = masks[key] = _row_mask(segments, lengths, longest, window, query.device)
     if _float_masks(module):
-        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
+        mask = _additive(mask, q.dtype)
     out, _ = inner(module, q, keys, values, mask, **kwargs)  # (R, T, H, D)
     return out.reshape(1, out.shape[0] * length, *out.shape[2:]), None
 
@@ -299,12 +339,12 @@ def _one_call(module, inner, query, segments, kv, window, masks: dict, **kwargs)
     keys = torch.cat([k.transpose(0, 1).reshape(k.shape[1], -1, k.shape[3]) for k, _ in kv], 1)[None]
     values = torch.cat([v.transpose(0, 1).reshape(v.shape[1], -1, v.shape[3]) for _, v in kv], 1)[None]
     lengths = tuple(k.shape[2] for k, _ in kv)
-    mask = masks.get((lengths, window))
+    key = ("one", tuple((s.past, s.length, s.rows) for s in segments), lengths, window)
+    mask = masks.get(key)
     if mask is None:
-        mask = masks[(lengths, window)] = _block_mask(segments, lengths, window, query.device)
+        mask = masks[key] = _block_mask(segments, lengths, window, query.device)
     if _float_masks(module):
-        mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
-            ~mask, torch.finfo(query.dtype).min)
+        mask = _additive(mask, query.dtype)
     out, _ = inner(module, query, keys, values, mask, **kwargs)  # (1, Σ queries, heads, D)
     return out, None
 
@@ -333,10 +373,11 @@ def _inner_name(module) -> str:
 
 
 def _inner(module):
+    """The model's own attention function: a registered one by its name, or for "eager" the one the attention
+    module's own modeling file defines (a family's softcap or attention sinks live in its own)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.llama.modeling_llama import eager_attention_forward
     name = _inner_name(module)
-    return eager_attention_forward if name == "eager" else ALL_ATTENTION_FUNCTIONS[name]
+    return own_eager(module) if name == "eager" else ALL_ATTENTION_FUNCTIONS[name]
 
 
 def _float_masks(module) -> bool:
@@ -355,15 +396,14 @@ def packed_mask(*args, **kwargs):
 
 def use_packed_attention(model) -> bool:
     """Make `model` run `packed_attention` (its own attention function kept as the inner one); False when it cannot
-    (no transformers attention interface: a toy model, a model class that cannot switch)."""
-    cfg = getattr(model, "config", None)
-    if not hasattr(model, "set_attn_implementation") or cfg is None:
+    (`packing_refused`: a toy model, a kernel that takes no masks, a family not checked exact): its requests then run
+    one by one through its own forward."""
+    if packing_refused(model) is not None:
         return False
+    cfg = model.config
     current = getattr(cfg, "_attn_implementation", None)
     if current == PACKED:
         return True
-    if current not in ("sdpa", "eager") and not str(current).startswith("adafuse_"):
-        return False  # flash or paged kernels take no per-request masks here
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(PACKED, packed_attention)  # idempotent: the same function under the same name
