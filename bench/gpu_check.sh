@@ -17,12 +17,14 @@
 #                            or not, speculative) on 3 questions: ~12 × 3 × 8 × 0.25 s ≈ 75 s
 #   --concurrency 1 8 32 --prompts 32   many decodes at once, B=3: one at a time 32 × 8 × 0.29 s ≈ 75 s, then 8 and
 #                            32 in flight (target: ≥ 10× the examples per minute of one at a time at 32)
+#   first, the conformance suite (tests/test_conformance.py, tiny models of 13 families on the GPU: each packed mode
+#   against each family's own forward): ~20 s; its log in ${OUT:-/tmp}/conformance.log, the summary printed
 # Later arguments override these (e.g. --questions 0 skips the methods' table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
-PINS="transformers==5.2.0 tokenizers==0.22.2 gguf==0.19.0"
+PINS="transformers==5.2.0 tokenizers==0.22.2 gguf==0.19.0 pytest==9.0.3 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0"
 if [ "${1:-}" = "--prepare" ]; then
   "$PY" -m adafuse.harness.gpu_check --prepare bench/gpu
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -36,6 +38,10 @@ if [ -d .whl ] && ! "$PY" -c "import transformers, sys; sys.exit(transformers.__
   "$PY" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
 fi
+DEVICE=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+ADAFUSE_CONFORMANCE_DEVICE=$DEVICE timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_conformance.py \
+    > "${OUT:-/tmp}/conformance.log" 2>&1 || true
+echo "conformance suite on $DEVICE:"; grep -E "^(FAILED|ERROR)|passed|failed" "${OUT:-/tmp}/conformance.log" | tail -n 20
 exec "$PY" -m adafuse.harness.gpu_check --spec experiments/gpu_check.json --dir bench/gpu \
     --out "${OUT:-/tmp}/gpu_check.json" --attention 1 8 32 --questions 3 --words 8 --concurrency 1 8 32 --prompts 32 \
     "$@"

@@ -38,7 +38,7 @@ FAMILIES = {
 }
 
 
-def tiny(family: str, attention: str = "sdpa", seed: int = 0) -> torch.nn.Module:
+def tiny(family: str, attention: str = "sdpa", seed: int = 0, device: str = "cpu") -> torch.nn.Module:
     """A tiny `family` model with random weights (std 0.3: attention far from uniform), `attention` its transformers
     attention implementation, in eval mode, float32."""
     import transformers
@@ -53,4 +53,4 @@ def tiny(family: str, attention: str = "sdpa", seed: int = 0) -> torch.nn.Module
                 p.normal_(0.0, 0.3)
             elif "sinks" in name:
                 p.normal_(0.0, 1.0)
-    return model
+    return model.to(device)

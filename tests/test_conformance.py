@@ -6,6 +6,7 @@ exploration rows, a context past the window. Each request's log-probs equal its 
 (float32), its cache holds what its own forward leaves, and the model called directly after the switch computes as
 before it. A family the packed forward is not checked on runs its requests one by one, and says so."""
 import copy
+import os
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ from adafuse.models.packed import packed_forward, use_packed_attention
 from tests.families import FAMILIES, VOCAB, WINDOW, tiny
 
 TOLERANCE = 1e-4
+# where the models compute: bench/gpu_check.sh runs this file with ADAFUSE_CONFORMANCE_DEVICE=cuda
+DEVICE = os.environ.get("ADAFUSE_CONFORMANCE_DEVICE", "cpu")
 MODES = ("loop", "rows", "one", "auto")
 # the implementations each family has on a CPU (gpt-oss: eager only, its sinks have no SDPA path)
 IMPLEMENTATIONS = {f: ("eager",) if f == "gpt_oss" else ("sdpa", "eager") for f in FAMILIES}
@@ -42,11 +45,15 @@ SAME_KEYS = [(_ids(4, 12), [_ids(1, 13)], None), (_ids(4, 14), [_ids(1, 15)], No
              (_ids(2, 16), [_ids(3, 17)], None), (_ids(2, 18), [_ids(3, 19)], None)]
 
 
+def _t(ids) -> torch.Tensor:
+    return torch.tensor(ids, device=DEVICE)
+
+
 def _prefilled(model, past: list[int], rows: int) -> DynamicCache:
     cache = DynamicCache()
     if past:
         with torch.inference_mode():
-            model(input_ids=torch.tensor([past]), past_key_values=cache, use_cache=True)
+            model(input_ids=_t([past]), past_key_values=cache, use_cache=True)
         if rows > 1:
             cache.batch_repeat_interleave(rows)
     return cache
@@ -58,7 +65,7 @@ def _own(reference, cases):
     for past, rows, keep in cases:
         cache = _prefilled(reference, past, len(rows))
         with torch.inference_mode():
-            logits = reference(input_ids=torch.tensor(rows), past_key_values=cache, use_cache=True).logits
+            logits = reference(input_ids=_t(rows), past_key_values=cache, use_cache=True).logits
         out.append((torch.log_softmax(logits.float(), -1)[:, -(keep or len(rows[0])):], cache))
     return out
 
@@ -100,7 +107,7 @@ def _check(outs, reqs, wanted, label):
 def test_packed_log_probs_are_each_familys_own(family, attention, as_on_a_gpu):
     """Every packed mode ("auto" as on a GPU), each situation, against the model's own forward; then the model called
     directly after the switch, whole and after a cache, as before it."""
-    model = tiny(family, attention)
+    model = tiny(family, attention, device=DEVICE)
     reference = copy.deepcopy(model)  # its own attention, never switched
     assert families.packing_refused(model) is None and use_packed_attention(model)
     for name, cases in (("mixed", MIXED), ("same key lengths", SAME_KEYS)):
@@ -108,7 +115,7 @@ def test_packed_log_probs_are_each_familys_own(family, attention, as_on_a_gpu):
         for mode in MODES:
             reqs, outs = _packed(model, reference, cases, mode)
             _check(outs, reqs, wanted, f"{family}/{attention}/{mode}, {name}")
-    x = torch.tensor([_ids(2 * WINDOW + 1, 20)])
+    x = _t([_ids(2 * WINDOW + 1, 20)])
     with torch.inference_mode():
         assert torch.allclose(model(input_ids=x).logits, reference(input_ids=x).logits, atol=TOLERANCE)
         mine, own = DynamicCache(), DynamicCache()
@@ -128,7 +135,7 @@ def _max_error(model, reference, cases, mode) -> float:
 def test_the_rows_call_keeps_causality_where_two_groups_have_the_same_key_lengths():
     """Requests feeding one token and requests feeding three, each with 5 keys: the rows mask made for the first group
     was served to the second from a cache keyed by the key lengths alone (4.8e-2 off on a tiny Llama)."""
-    model = tiny("llama")
+    model = tiny("llama", device=DEVICE)
     reference = copy.deepcopy(model)
     use_packed_attention(model)
     assert _max_error(model, reference, SAME_KEYS, "rows") <= TOLERANCE
@@ -137,7 +144,7 @@ def test_the_rows_call_keeps_causality_where_two_groups_have_the_same_key_length
 def test_a_prefill_with_eager_attention_is_causal_in_the_loop():
     """Eager attention has no causal rule of its own: a prefill (nothing cached, several tokens) given no mask
     attended both ways (0.30 off on a tiny eager Llama)."""
-    model = tiny("llama", "eager")
+    model = tiny("llama", "eager", device=DEVICE)
     reference = copy.deepcopy(model)
     use_packed_attention(model)
     assert _max_error(model, reference, [([], [_ids(6, 40)], None)], "loop") <= TOLERANCE
@@ -147,12 +154,12 @@ def test_a_prefill_with_eager_attention_is_causal_in_the_loop():
 def test_an_eager_model_keeps_its_own_attention_function_inside_the_packing(family):
     """Gemma 2's softcapping and gpt-oss's attention sinks live in their own eager functions: Llama's, run in their
     place, dropped them (0.17 and 0.13 off), in packed forwards and in direct calls after the switch alike."""
-    model = tiny(family, "eager")
+    model = tiny(family, "eager", device=DEVICE)
     reference = copy.deepcopy(model)
     use_packed_attention(model)
     one_token = [(_ids(5, 41), [_ids(1, 42)], None), (_ids(3, 43), [_ids(1, 44)], None)]
     assert _max_error(model, reference, one_token, "loop") <= TOLERANCE
-    x = torch.tensor([_ids(6, 45)])
+    x = _t([_ids(6, 45)])
     with torch.inference_mode():
         assert torch.allclose(model(input_ids=x).logits, reference(input_ids=x).logits, atol=TOLERANCE)
 
@@ -160,7 +167,7 @@ def test_an_eager_model_keeps_its_own_attention_function_inside_the_packing(fami
 def test_auto_on_a_gpu_runs_the_rows_call_on_requests_with_the_same_key_lengths(as_on_a_gpu):
     """The "same key lengths" situation is the one "auto" sends to the rows call on a GPU (the case where its mask
     cache once handed one group's mask to the other)."""
-    model = tiny("llama")
+    model = tiny("llama", device=DEVICE)
     reference = copy.deepcopy(model)
     use_packed_attention(model)
     calls = []
@@ -176,7 +183,7 @@ def test_a_long_prompt_after_a_cache_attends_in_chunks_with_the_same_numbers(mon
     and the numbers are the model's own (sliding and full layers, eager's additive masks too)."""
     monkeypatch.setattr(packed, "MASK_CELLS", 64)
     for attention in ("sdpa", "eager"):
-        model = tiny("gemma3", attention)
+        model = tiny("gemma3", attention, device=DEVICE)
         reference = copy.deepcopy(model)
         use_packed_attention(model)
         cases = [(_ids(7, 30), [_ids(21, 31)], None)]
