@@ -268,3 +268,55 @@ def test_the_checked_families_are_the_catalogs():
     """Every family the catalog lets pack is checked above (gemma3_text is Gemma 3's text-only model type)."""
     from adafuse.models.catalog import PACKED_EXACT_FAMILIES
     assert PACKED_EXACT_FAMILIES - {"gemma3_text"} == set(FAMILIES)
+
+
+@pytest.mark.models  # loads from folders through from_pretrained, as a user's model is (tiny weights)
+@pytest.mark.parametrize("mode", ["loop", "rows", "one"])
+def test_families_loaded_from_folders_decode_six_at_a_time_as_each_does_alone(tmp_path, mode):
+    """As a user picks them: tiny Gemma 2 and gpt-oss models (softcapping, sinks) saved as folders with
+    SmolLM2's tokenizer, loaded by path; six AdaFuse decodes at once give the traces each gives alone, in every
+    packed mode."""
+    from adafuse import AdaFuse, DecodeConfig
+    from adafuse.models.local import load_model
+    tok = _tokenizer()
+    folders = []
+    for family in ("gemma2", "gpt_oss"):
+        model = _with_vocab(family, len(tok))
+        folder = tmp_path / family
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        folders.append(str(folder))
+    models = [load_model(f, "cpu", cpu_kernels=False) for f in folders]
+    for lm in models:
+        assert not lm.forwards  # packs (gpt-oss with its eager attention, Gemma 2 with what loading picked)
+        lm.runtime.attention = mode
+    cfg = DecodeConfig(branches=2, max_new_words=4, max_word_tokens=3)
+    prompts = ["The cat", "Question: Who wrote Hamlet?\nAnswer:", "1, 2, 3,", "Paris is", "Hello", "A B C"]
+    fuser = AdaFuse(models, cfg)
+    alone = [fuser.generate(p) for p in prompts]
+    many = fuser.generate_many(prompts, concurrency=6)
+    assert [[(r.text, r.chosen) for r in t.rounds] for t in many] == [[(r.text, r.chosen) for r in t.rounds]
+                                                                      for t in alone]
+    assert max(lm.batcher.peak_requests for lm in models) > 1  # the decodes did share forwards
+    # and the numbers are each model's own: the switched model against a fresh load of its folder
+    from transformers import AutoModelForCausalLM
+    for lm, folder in zip(models, folders):
+        own = AutoModelForCausalLM.from_pretrained(folder).eval()
+        ids = torch.tensor([tok(prompts[1] + many[1].output).input_ids])
+        with torch.inference_mode():
+            assert torch.allclose(lm.model(input_ids=ids).logits, own(input_ids=ids).logits, atol=TOLERANCE)
+
+
+def _with_vocab(family: str, vocab: int):
+    import tests.families as fam
+    config_name, model_name, extra = fam.FAMILIES[family]
+    import transformers
+    cfg = getattr(transformers, config_name)(**{**fam._COMMON, **extra, "vocab_size": vocab})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(3)
+    model = getattr(transformers, model_name)(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.3)
+    return model
