@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import DecodeConfig
+from .config import NORMALIZATIONS, DecodeConfig
 from .method_registry import METHODS, method_specs, own_settings
 from .methods import BASELINE
 from .errors import AdafuseError
@@ -114,8 +114,8 @@ def add_decode_args(p: argparse.ArgumentParser, **helps: str) -> None:
                    help="one weight per model, in --models order: fused score = Σ w·NLL / Σ w (default: equal)")
     p.add_argument("--gate", default="", metavar="PATH",
                    help="a learned gate file (per-round weights; assets/gates/ has ones for the bundled pair)")
-    p.add_argument("--normalize", choices=("token", "word"), default=d.normalize,
-                   help="average each candidate's NLL over its tokens (the paper) or over its words")
+    p.add_argument("--normalize", choices=NORMALIZATIONS, default=d.normalize,
+                   help="average each candidate's NLL over its tokens (the paper), its words or its UTF-8 bytes")
     p.add_argument("--speculate", action=argparse.BooleanOptionalAction, default=d.speculate,
                    help="speculative proposals: a confident model first verifies the spans proposed before it this "
                         "round in one forward (same decode, fewer forward passes; on by default)")

@@ -9,7 +9,7 @@ from .errors import ConfigError
 
 MODES = ("raw", "chat")
 EXPLORATIONS = ("surface", "embedding")
-NORMALIZATIONS = ("token", "word")
+NORMALIZATIONS = ("token", "word", "byte")
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,9 @@ class DecodeConfig:
     # spans. Lossless either way: a draft only ever saves forwards
     draft_lookup: bool = True
     # what a candidate's NLL is averaged over before fusing: "token" (the paper: its tokens in each model's
-    # tokenization) or "word" (its words, the end of the answer counting as one): per token, a long word whose first
-    # token is unlikely and whose last tokens are near certain beats a likelier one-token word (docs/results.md)
+    # tokenization), "word" (its words, the end of the answer counting as one) or "byte" (its text's UTF-8 bytes, the
+    # same count for every model; the end counting as one): per token, a long word whose first token is unlikely and
+    # whose last tokens are near certain beats a likelier one-token word (docs/results.md)
     normalize: str = "token"
 
     def __post_init__(self) -> None:

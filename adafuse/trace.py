@@ -94,16 +94,18 @@ class Candidate:
 
 
 def candidate_nll(c: Candidate, model: str, normalize: str = "token") -> float | None:
-    """Model `model`'s NLL of candidate `c` as it enters the fused score: per token as scored, or per word (its total
-    NLL over its words, the end of the answer counting as one word)."""
+    """Model `model`'s NLL of candidate `c` as it enters the fused score: per token as scored, per word (its total NLL
+    over its words, the end of the answer counting as one word), or per byte (its total NLL over the UTF-8 bytes of its
+    text, the end of the answer counting as one byte: the same count for every model, whatever its tokenizer)."""
     v = c.nll.get(model)
     if v is None or normalize == "token":
         return v
-    return v * c.n_tokens[model] / max(1, c.words + int(c.eos))
+    units = c.words if normalize == "word" else len(c.text.encode("utf-8"))
+    return v * c.n_tokens[model] / max(1, units + int(c.eos))
 
 
 def fused_score(c: Candidate, weights: dict[str, float] | None = None, normalize: str = "token") -> float | None:
-    """Mean NLL (per token, or per word: `normalize`) of candidate `c` over the models that scored it, weighted by
+    """Mean NLL (per token, word or byte: `normalize`) of candidate `c` over the models that scored it, weighted by
     `weights` when given (Σ w·NLL / Σ w; a model of weight 0 is shown but does not count); None (ranked last) when a
     counted model gives it probability 0."""
     w = weights or {}
@@ -363,8 +365,7 @@ class Trace:
                     expected = fused_score(c, weights, normalize)
                     ok = expected is None if c.fused is None else expected is not None and _close(c.fused, expected)
                     listed = ", ".join(f"{m}={w:g}" for m, w in weights.items()) or "equal"
-                    per = "token" if normalize == "token" else "word"
-                    how = f"the weighted mean of its NLLs (weights {listed}; per {per})"
+                    how = f"the weighted mean of its NLLs (weights {listed}; per {normalize})"
                 if not ok:
                     _bad(f"{where}.fused", f"is {c.fused!r}, but {how} is {expected!r}")
             best = r.candidates[r.winner].fused

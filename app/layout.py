@@ -180,7 +180,8 @@ def weights_panel(ui: SimpleNamespace) -> None:
                                      "better default: docs/defaults.md). Per token a word with a near-certain "
                                      "tail (\" 1.\": an unsure \" 1\", a sure \".\") can beat a likelier "
                                      "word; per word counts a word's whole NLL, the end of the answer one "
-                                     "word, so ending early wins more often.")
+                                     "word, so ending early wins more often; per byte divides the whole NLL "
+                                     "by the text's UTF-8 bytes, the same count for every tokenizer.")
         ui.gate = gr.Dropdown(gate_choices(), value="", label="Learned gate (per-round weights)",
                               info="Weights each round from what the models show (margin, entropy, "
                                    "confidence, own NLL, position); replaces the sliders. Trained for "

@@ -54,7 +54,7 @@ def _gate_choices(files: tuple[tuple[str, int, int], ...]) -> list[tuple[str, st
 EVAL_SUMMARY_COLUMNS = ["task", "method", "n", "score", "sec/example"]
 EXAMPLE_COLUMNS = ["line", "labels", "gold", "question"]
 
-NORMALIZE = {"per token (paper)": "token", "per word": "word"}
+NORMALIZE = {"per token (paper)": "token", "per word": "word", "per byte": "byte"}
 
 
 def gate_normalize(path: str, current: str):

@@ -119,5 +119,12 @@ def test_per_word_normalization_keeps_the_likelier_word_over_a_long_one_with_a_c
     assert per_word.candidates[long].fused == pytest.approx(4 * nll(0.35, 0.99, 0.99, 0.99) / 2, abs=1e-5)
     assert per_word.candidates[short].fused == pytest.approx(nll(0.4, 0.99), abs=1e-5)
     assert per_word.winner == short
+    # per byte: the whole NLL over the text's UTF-8 bytes, the end counting as one (the same count for every model)
+    per_byte = AdaFuse(models, DecodeConfig(branches=2, max_new_words=1, normalize="byte")).start("Q").propose()
+    assert per_byte.candidates[long].fused == pytest.approx(4 * nll(0.35, 0.99, 0.99, 0.99) / 13, abs=1e-5)
+    assert per_byte.candidates[short].fused == pytest.approx(2 * nll(0.4, 0.99) / 6, abs=1e-5)
+    assert per_byte.winner == long
+    decoded = AdaFuse(models, DecodeConfig(branches=2, max_new_words=2, normalize="byte")).generate("Q")
+    assert Trace.from_dict(decoded.to_dict()).settings["normalize"] == "byte"  # its fused scores check per byte
     with pytest.raises(ConfigError, match="normalize"):
         DecodeConfig(normalize="char")
