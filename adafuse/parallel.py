@@ -83,8 +83,10 @@ def _place(model, device: torch.device) -> str:
 class Workers:
     """The models of an ensemble are independent inside each phase of a round, so a phase costs about the slowest
     model's time instead of the sum. Each worker is a thread (torch releases the GIL inside its kernels) with its own
-    torch thread budget on CPU and its own CUDA stream on a GPU; views of the same loaded model share one worker (their
-    tokenizer and weights are not used from two threads at once). Results are gathered in model order, so a parallel
+    torch thread budget on CPU; on a GPU a model's calls run on that model's one CUDA stream, the one its batcher runs
+    every forward on (`Batcher.stream`: one stream per model, whichever decode's thread queues work for it);
+    views of the same loaded model share one worker (their tokenizer and weights are not used from two threads at
+    once). Results are gathered in model order, so a parallel
     decode writes the same trace as a sequential one.
 
     Runs `fn(i)` for model indices: concurrently, one worker thread per distinct loaded model, or (`parallel`
@@ -104,6 +106,7 @@ class Workers:
         groups: dict = {}
         self.group = [groups.setdefault(m, len(groups)) for m in models]
         distinct = list(groups)
+        self.models = list(models)
         self.devices = [m.device for m in models]
         # models computing on this machine's CPU share its cores; GPUs and servers compute elsewhere
         cpu = {self.group[i] for i, m in enumerate(models)
@@ -128,7 +131,7 @@ class Workers:
         self.given = threads  # one after another, the caller's thread runs the models: its budget, unless given
         self.threads = threads or cpu_threads_per_model(max(1, len(cpu)) if self.parallel else 1)
         self.pool: list[ThreadPoolExecutor] = []
-        self.streams: dict[int, object] = {}
+        self.streams: dict[int, object] = {}  # by loaded model (its group): its CUDA stream, looked up once
         if self.enabled and self.parallel:
             self.pool = [ThreadPoolExecutor(1, thread_name_prefix=f"adafuse-model{g}", initializer=self._init)
                          for g in range(len(distinct))]
@@ -149,12 +152,22 @@ class Workers:
         if any(d.type == "cpu" for d in self.devices):
             torch.set_num_threads(self.threads)
 
+    def stream(self, i: int):
+        """Model i's CUDA stream: its batcher's (where its forwards run), or for a model without one a stream made
+        once for it."""
+        g = self.group[i]
+        if g not in self.streams:
+            stream = getattr(getattr(self.models[i], "batcher", None), "stream", None)
+            self.streams[g] = stream if stream is not None else torch.cuda.Stream(self.devices[i])
+        return self.streams[g]
+
     def _run(self, fn: Callable[[int], T], indices: list[int]) -> list[T]:
         out = []
         for i in indices:
             device = self.devices[i]
             if device.type == "cuda":
-                stream = self.streams.setdefault(i, torch.cuda.Stream(device))
+                stream = self.stream(i)
+                stream.wait_stream(torch.cuda.current_stream(device))  # what the caller queued before the phase first
                 with torch.cuda.device(device), torch.cuda.stream(stream):
                     out.append(fn(i))
                 stream.synchronize()  # the phase ends with its results ready (and its seconds true)
@@ -167,7 +180,7 @@ class Workers:
         once every worker has finished."""
         indices = list(indices)
         if not self.enabled:
-            return [fn(i) for i in indices]
+            return self._run(fn, indices)
         if not self.parallel:
             if not self.given or self.given == torch.get_num_threads():
                 return self._run(fn, indices)

@@ -1,19 +1,23 @@
 """Faults inside a shared forward stay where they happen (adafuse/models/batching.py): a packed forward that raises at
 any layer or at the output head leaves every request's cache as it was, the request that caused it gets its error and
-the others get what they get alone; a waiting thread that is interrupted leaves the queue; decodes sharing forwards
-with one that fails give the traces they give alone (tiny random transformers, and the bundled pair)."""
+the others get what they get alone, once the failed forward's tensors are freed; an interrupt (Ctrl-C, SystemExit)
+stops the thread that leads the forward and nothing is retried; a waiting thread that is interrupted leaves the queue;
+decodes sharing forwards with one that fails give the traces they give alone (tiny random transformers, and the
+bundled pair)."""
 from __future__ import annotations
 
 import copy
 import gc
 import random
 import threading
+import weakref
 from contextlib import contextmanager
 
 import pytest
 import torch
 
 from adafuse import AdaFuse, DecodeConfig
+from adafuse.errors import ForwardError
 from adafuse.many import run_many
 from adafuse.models.batching import Batcher, Request
 from adafuse.models.packed import RUN
@@ -31,10 +35,12 @@ def _layers(model):
 
 
 @contextmanager
-def fault(model, where: str, poison=POISON, every: int | None = None, seed: int = 0):
+def fault(model, where: str, poison=POISON, every: int | None = None, seed: int = 0, scratch: int = 0):
     """Make `model`'s forward raise `Injected` at `where` ("first", "middle", "last" layer or "head") whenever its
-    input holds `poison` (or, with `every`, on every `every`-th forward at a random layer, seeded)."""
-    state = {"armed": False, "calls": 0, "at": None, "shared": 0, "fired": 0}
+    input holds `poison` (or, with `every`, on every `every`-th forward at a random layer, seeded). With `scratch`, the
+    failing layer first makes a tensor of that many bytes (as a forward's activations are), and the state's "made"
+    holds weak references to it and to the layer's output."""
+    state = {"armed": False, "calls": 0, "at": None, "shared": 0, "fired": 0, "made": []}
     rng = random.Random(seed)
     n = len(_layers(model))
 
@@ -53,8 +59,11 @@ def fault(model, where: str, poison=POISON, every: int | None = None, seed: int 
             state["at"] = {"first": 0, "middle": n // 2, "last": n - 1, "head": n}[where]
 
     def raiser(index):
-        def hook(*_):
+        def hook(_module, _args, output):
             if state["armed"] and state["at"] == index:
+                made = torch.ones(scratch // 4) if scratch else None
+                if made is not None:
+                    state["made"] = [weakref.ref(made), weakref.ref(output)]
                 raise Injected(f"injected fault at {'the head' if index == n else f'layer {index}'}")
         return hook
 
@@ -109,6 +118,99 @@ def test_a_fault_in_a_packed_forward_harms_no_other_request(kind, where):
         assert r.cache.get_seq_length() == a.cache.get_seq_length()
         for mine, theirs in zip(r.cache.layers, a.cache.layers):
             assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+
+
+@pytest.mark.unit
+def test_a_failed_shared_forward_is_let_go_before_any_retry():
+    """The packed forward of 4 requests fails at the middle layer after making 32 MB of scratch (a stand-in for the
+    activations an out-of-memory forward leaves): when the first retry starts, that scratch and the failing layer's
+    output are already freed (by reference counts, no garbage collection: what a GPU's allocator would get back),
+    and the tensors alive are what they were before the forward. Before: all of it was held by the error's traceback
+    while the retries ran (32 MB more at each retry)."""
+    model = tiny("llama")
+    reqs = [_request(model, *c) for c in _cases()]
+    at_retries = []
+
+    def before(_module, _args, kwargs):  # each forward's start: the first retry after the failed one is measured
+        if state["made"] and not at_retries:
+            at_retries.append(([ref() is None for ref in state["made"]], live_tensor_bytes()))
+    level = live_tensor_bytes()
+    with fault(model, "middle", scratch=32 * 2**20) as state:
+        hook = model.register_forward_pre_hook(before, with_kwargs=True)
+        try:
+            Batcher(model)._run(reqs)
+        finally:
+            hook.remove()
+    assert isinstance(reqs[3].error, Injected) and all(r.error is None for r in reqs[:3])
+    (freed, live), = at_retries
+    assert freed == [True, True], freed
+    assert live - level < 4 * 2**20, (live, level)  # the 32 MB and the forward's activations gone
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_in_a_shared_forward_stops_the_thread_that_leads_it_and_retries_nothing(stop):
+    """Three decodes' requests queue behind a forward under way, then run as one packed forward that is interrupted
+    (Ctrl-C, or SystemExit) at the middle layer in the thread that leads it: that thread gets the interrupt, its cache
+    as it was; nothing is retried one by one (before: the interrupt became three retries and nobody stopped); the other
+    two requests go back to the queue, caches put back, and run together in the next forward with the numbers they
+    get alone."""
+    model = tiny("llama")
+    clean = copy.deepcopy(model)
+    cases = [([5, 6, 7], [[8]], None), ([], [[1, 2, 3, 4, 5, 6]], 2), (list(range(10, 19)), [[20, 21]], None)]
+    alone = []
+    for c in cases:
+        r = _request(clean, *c)
+        Batcher(clean)._run([r])
+        alone.append(r)
+    b = Batcher(model)
+    reqs = [_request(clean, *c) for c in cases]
+    lengths = [r.cache.get_seq_length() for r in reqs]
+    forwards, got, leader = [], {}, []
+
+    def count(_module, _args, kwargs):
+        forwards.append(len(kwargs[RUN].segments))
+        leader.append(threading.get_ident())
+
+    def interrupt(*_):  # the first forward only, in whichever thread leads it
+        if len(forwards) == 1:
+            raise stop()
+
+    def run(i):
+        try:
+            got[i] = b.forward(reqs[i].rows, reqs[i].cache, reqs[i].keep)
+        except BaseException as exc:  # noqa: BLE001 - what this thread was given
+            got[i] = exc
+        got[i, "thread"] = threading.get_ident()
+
+    with b.gate:
+        b.running = True  # a forward under way: the three requests queue behind it
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    hooks = [model.register_forward_pre_hook(count, with_kwargs=True),
+             _layers(model)[1].register_forward_hook(interrupt)]
+    try:
+        for t in threads:
+            t.start()
+        with b.gate:
+            assert b.gate.wait_for(lambda: len(b.queue) == 3, timeout=30)
+            b.running = False
+            b.gate.notify_all()
+        for t in threads:
+            t.join(60)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert forwards == [3, 2], forwards  # the interrupted forward, then the other two together: no retries alone
+    stopped = [i for i in range(3) if isinstance(got[i], stop)]
+    assert len(stopped) == 1, got
+    i = stopped[0]
+    assert got[i, "thread"] == leader[0]  # the interrupt stayed in the thread that led the forward
+    assert reqs[i].cache.get_seq_length() == lengths[i]  # its cache as it was
+    for i in set(range(3)) - set(stopped):
+        assert not isinstance(got[i], BaseException), got[i]
+        assert torch.allclose(got[i].logprobs, alone[i].logprobs, atol=1e-5)
+        assert reqs[i].cache.get_seq_length() == alone[i].cache.get_seq_length()
+    assert b.queue == [] and not any(isinstance(g, ForwardError) for g in got.values())
 
 
 @pytest.mark.unit

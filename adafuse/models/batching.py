@@ -15,11 +15,16 @@ is whatever is waiting, not a lock-step group. A request alone runs at once, in 
 code (so one decode computes the same numbers alone as in company, up to the last bits of the shared layers).
 
 Caps (`max_rows`, `max_tokens`) bound one forward: requests past them wait for the next one (back-pressure; a request
-larger than the caps runs alone). A forward that fails (out of memory, a bad row) may have written some layers' keys
-and values into the requests' caches: every cache is put back as it was before that forward (`packed.restore`), then
-the requests are retried one by one, so one decode's error never reaches the others (a cache that cannot be put back
-fails its request with `ForwardError` instead of going on from a corrupted one). A request whose waiting thread is
-interrupted leaves the queue.
+larger than the caps runs alone). A forward that fails (out of memory, a bad row) may have written some layers' keys and
+values into the requests' caches: every cache is put back as it was before that forward (`packed.restore`) and the
+failed forward's tensors are let go (its traceback dropped, kept as text), then the requests are retried one by one, so
+one decode's error never reaches the others (a cache that cannot be put back fails its request with `ForwardError`
+instead of going on from a corrupted one). A forward stopped by something that is not an `Exception` (Ctrl-C,
+SystemExit) is not retried: it is raised in the thread that led the forward, and the other requests go back to the front
+of the queue with their caches put back (the next forward runs them). A request whose waiting thread is interrupted
+leaves the queue. Each request's log-probs are its own tensor, not a view into the forward's block (what a decode keeps
+of them holds no other decode's rows). On CUDA every forward of a model runs on that model's one stream
+(`Batcher.stream`), whichever decode's thread leads it, and is synchronized before its results are handed back.
 
 What the models of one `ModelRegistry` share while decodes run is its `Runtime`: the condition its batchers wait
 on, the CPU's turn (two forwards that each use every core go one after the other) and the batchers' settings. A
@@ -34,6 +39,7 @@ import os
 import functools
 import threading
 import time
+import traceback
 import weakref
 from contextlib import contextmanager
 
@@ -175,12 +181,25 @@ class Batcher:
         self.attention = attention or runtime.attention  # packed.ATTENTION_MODES: how a packed forward's attention runs
         self.max_rows, self.max_tokens = max_rows or runtime.max_rows, max_tokens or runtime.max_tokens
         self.packed = use_packed_attention(model)  # False: a model that cannot pack runs its requests one by one
+        self.device = _device(model)
+        self._stream = None  # `stream`, made at its first use
         self.queue: list[Request] = []
         self.running = False
         self.free_since = 0.0  # when the last forward ended
         self.riders: weakref.WeakSet[Rider] = weakref.WeakSet()  # riders that sent a request here
         # what it did: forwards run, requests served, the most requests and positions one forward carried
         self.forwards = self.requests = self.peak_requests = self.peak_positions = 0
+
+    @property
+    def stream(self):
+        """The CUDA stream every forward of this model runs on, whichever decode's thread leads it (None off CUDA): made
+        once per model, so every cache tensor its forwards write is allocated and freed on one stream (no
+        `record_stream` needed); `parallel.Workers` runs this model's phases on it too."""
+        if self._stream is None and self.device.type == "cuda":
+            with self.gate:
+                if self._stream is None:
+                    self._stream = torch.cuda.Stream(self.device)
+        return self._stream
 
     def expect(self, rider: Rider) -> None:
         """A decode starting now will send requests here: its first forward is waited for like its later ones (four
@@ -194,9 +213,11 @@ class Batcher:
         served request (its `logprobs`, `seconds`, `riders`), or raises the error its forward raised."""
         assert rows and all(len(r) == len(rows[0]) for r in rows) and rows[0], "rows of equal, non-zero length"
         req = Request([list(r) for r in rows], cache, keep, current_rider())
-        rider, gate = req.rider, self.gate
+        rider, gate, stream = req.rider, self.gate, self.stream
         if rider is not None:
             self.expect(rider)
+        if stream is not None and torch.cuda.current_stream(self.device) != stream:
+            stream.wait_stream(torch.cuda.current_stream(self.device))  # what this thread queued (a cache copy) first
         with gate:
             self.queue.append(req)
             gate.notify_all()
@@ -211,14 +232,19 @@ class Batcher:
                         break
                     batch = self._take()
                     self.running = True
+                ran = False
                 try:
                     self._run(batch)
+                    ran = True
                 finally:
                     with gate:
                         self.running = False
                         self.free_since = time.monotonic()
+                        if not ran and req in self.queue:  # this thread stops (`_run` raised): its request with it
+                            self.queue.remove(req)
+                        queued = {id(r) for r in self.queue}  # put back by a forward that was stopped (`_run`)
                         for r in batch:
-                            r.done = True
+                            r.done = id(r) not in queued
                         gate.notify_all()
         finally:
             with gate:
@@ -243,10 +269,12 @@ class Batcher:
             return True
         return not any(r.expected for r in self.riders)
 
-    def _wait_left(self) -> float:
-        if not self.queue:
-            return self.runtime.gather_seconds
-        return max(0.001, self.runtime.gather_seconds - self._waited())
+    def _wait_left(self) -> float | None:
+        """How long a waiting thread sleeps unless woken (as it is when a forward ends, a request comes or a rider
+        changes): until the oldest request's gather deadline; while a forward runs or nothing waits, until woken."""
+        if self.running or not self.queue:
+            return None
+        return max(0.0, self.runtime.gather_seconds - self._waited())
 
     def _take(self) -> list[Request]:
         """The queued requests, oldest first, as many as the caps allow (at least one)."""
@@ -261,40 +289,70 @@ class Batcher:
 
     # ---- running (outside the gate) ----
     def _run(self, batch: list[Request]) -> None:
+        """Run `batch` as one forward; on a failure, every cache back as it was and each request retried alone (its own
+        error, or what it gets alone). Raises what is not an `Exception` (Ctrl-C, SystemExit) in this thread, not
+        retried, once the caches are put back and the requests re-queued."""
         states = [cache_state(r.cache) for r in batch]
+        failure = self._attempt(batch, states)
+        if failure is None:
+            return
+        if len(batch) == 1:
+            batch[0].error = failure
+            return
+        for i, (r, state) in enumerate(zip(batch, states)):  # one request's trouble (memory, a bad row) fails it alone
+            if state is None:
+                r.error = ForwardError(f"a forward shared with other decodes failed ({type(failure).__name__}: "
+                                       f"{failure}) and this decode's cache cannot be restored (it is written in "
+                                       "place): start the decode again")
+                continue
+            r.error = self._attempt([r], [state], later=batch[i + 1:], later_states=states[i + 1:])
+
+    def _attempt(self, batch: list[Request], states: list, later: list[Request] = (),
+                 later_states: list = ()) -> Exception | None:
+        """One forward of `batch`; None when it ran, else its error, once the forward is let go (its traceback
+        dropped: the tensors its frames held are freed before anything is retried) and every cache put back. An
+        interruption (not an `Exception`) re-queues `batch` and `later` (those whose caches can be put back; the
+        others fail with `ForwardError`) and is raised here."""
+        stop = error = None
         try:
             self._forward(batch)
-        except BaseException as exc:  # noqa: BLE001 - each request gets its own answer below
-            for r, state in zip(batch, states):  # as before the forward: no layer holds part of it
-                if state is not None:
-                    restore(r.cache, state)
-            if len(batch) == 1:
-                batch[0].error = exc
-                return
-            for r, state in zip(batch, states):  # one request's trouble (memory, a bad row) must not fail the others
-                if state is None:
-                    r.error = ForwardError(f"a forward shared with other decodes failed ({type(exc).__name__}: "
-                                           f"{exc}) and this decode's cache cannot be restored (it is written in "
-                                           "place): start the decode again")
-                    continue
-                try:
-                    self._forward([r])
-                except BaseException as one:  # noqa: BLE001 - raised in that request's own thread
-                    restore(r.cache, state)
-                    r.error = one
+            return None
+        except Exception as exc:  # noqa: BLE001 - the request's own answer (`_run`)
+            error = exc
+        except BaseException as exc:  # Ctrl-C, SystemExit: this thread stops, nothing is retried
+            stop = exc
+        _let_go(stop or error)  # out of the except block, its traceback dropped: nothing holds the forward's tensors
+        for r, state in zip(batch, states):  # as before the forward: no layer holds part of it
+            if state is not None:
+                restore(r.cache, state)
+        if stop is None:
+            return error
+        back = []
+        for r, state in zip([*batch, *later], [*states, *later_states]):
+            if state is None:
+                r.error = ForwardError(f"a forward shared with other decodes was stopped ({type(stop).__name__}) and "
+                                       "this decode's cache cannot be restored (it is written in place): start the "
+                                       "decode again")
+            else:
+                back.append(r)
+        with self.gate:
+            self.queue[:0] = back  # first again: the next forward runs them
+            self.gate.notify_all()
+        raise stop
 
     @torch.inference_mode()
     def _forward(self, batch: list[Request]) -> None:
         if self.packed and getattr(self.model.config, "_attn_implementation", None) != PACKED:
             self.packed = use_packed_attention(self.model)  # someone switched the model's attention since
-        with _full_threads(), self.runtime.turn(self.model):
+        stream = self.stream
+        with _full_threads(), self.runtime.turn(self.model), _on_stream(stream, self.device):
             t0 = time.perf_counter()
             if self.packed:
                 outs = packed_forward(self.model, batch, self.attention)
             else:
                 outs = [torch.log_softmax(_plain_forward(self.model, r).float(), dim=-1) for r in batch]
-            if outs and outs[0].device.type == "cuda":
-                torch.cuda.current_stream(outs[0].device).synchronize()
+            outs = [_own(o) for o in outs]  # each request's own rows: a view would keep the forward's block alive
+            _synchronize(stream, outs)  # the results complete before they are handed back (and the seconds true)
             seconds = time.perf_counter() - t0
         total = sum(r.positions for r in batch)
         decodes = len({id(r.rider) if r.rider is not None else id(r) for r in batch})
@@ -304,6 +362,44 @@ class Batcher:
         self.requests += len(batch)
         self.peak_requests = max(self.peak_requests, len(batch))
         self.peak_positions = max(self.peak_positions, total)
+
+
+def _own(logprobs: torch.Tensor) -> torch.Tensor:
+    """`logprobs` as a tensor of its own: a copy where it is a view into a larger block (a request's rows of a packed
+    forward), itself where it is the whole of its storage."""
+    whole = logprobs.untyped_storage().nbytes() == logprobs.numel() * logprobs.element_size()
+    return logprobs if whole else logprobs.clone()
+
+
+def _let_go(exc: BaseException) -> None:
+    """Drop the traceback of `exc` (and of the exceptions it chains to), kept as text in a note: its frames hold the
+    failed forward's tensors (activations, its packed cache; clearing their locals is not enough, a frame keeps its
+    function's closure), which are freed now, not when the error is."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if exc.__traceback__ is not None:
+            exc.add_note("where it was raised (the frames let go):\n" + "".join(traceback.format_tb(exc.__traceback__)))
+            exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+
+
+def _synchronize(stream, outs: list[torch.Tensor]) -> None:
+    """Wait for the model's stream (and, for a model spread over GPUs, the current stream where its outputs are)."""
+    if stream is not None:
+        stream.synchronize()
+    if outs and outs[0].device.type == "cuda":
+        torch.cuda.current_stream(outs[0].device).synchronize()
+
+
+@contextmanager
+def _on_stream(stream, device):
+    """CUDA work queued meanwhile goes to `stream` on `device` (nothing changes where `stream` is None)."""
+    if stream is None:
+        yield
+        return
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        yield
 
 
 @contextmanager
