@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Iterable
 
 from .errors import ConfigError
@@ -11,10 +12,16 @@ ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
 ESCAPES_HELP = r"\n (newline), \t (tab), \r (carriage return) and \\ (a backslash)"
 _WRITTEN = {v: "\\" + k for k, v in ESCAPES.items()}
 
-# a field label at the start of a line: "Question:", "Q:", "English:", "Human:", "Let's see:" (a few words, no
-# sentence punctuation or brackets, so a passage's "The Normans (Norman:" or "Note, however:" is not one)
-_LABEL = re.compile(r"[^\W\d_][\w' /-]{0,30}?[:：](?=\s|$)")
+# a field label at the start of a line, in any script: "Question:", "Q:", "English:", "Let's see:", "Antwort:",
+# "Réponse :" (a space before the colon, as French writes it, a no-break one too), "答え：" (a full-width colon, the
+# answer right after it). A few words, no sentence punctuation or brackets, so a passage's "The Normans (Norman:" or
+# "Note, however:" is not one; an ASCII colon ends a label only before a space or the line's end ("http://" does not)
+_SPACES = " \u00a0\u202f\u3000"  # a space, no-break spaces, the ideographic space
+_LABEL = re.compile(rf"[^\W\d_][\w'/\-{_SPACES}]{{0,30}}?(?::(?=\s|$)|：)")
+_COLONS = (":", "：")
+_ASKS = ("?", "？", "؟")  # question marks: ASCII, full-width, Arabic
 _MAX_LABEL_WORDS = 3
+_MAX_LABEL_WIDE = 6  # Chinese or Japanese characters in a label (no spaces between words): "答え", "質問", "アシスタント"
 
 
 def parse_stops(text: str | None) -> tuple[str, ...]:
@@ -67,18 +74,22 @@ def propose_stops(prompt: str | None) -> tuple[str, ...]:
     - a cue label with the answer to follow on its line ("...\\nAnswer:", "...\\nA:", "...\\nEnglish:"): "\\n", as the
       benchmark tasks stop, unless the earlier examples' answers after that cue run over several lines;
     - a cue label and a line break ("Answer:\\n"): "\\n" when every earlier example's answer fills one line;
+    - a question with no label of its own on the line before a cue label ("Who wrote Hamlet?\\nAnswer:", "...ですか？
+      \\n答え："): as a labelled question;
     - otherwise, and after a cue sentence ("Let's think step by step\\n") or a labelled question alone ("Q: 2+2?"), the
       label that starts the last example after a line break ("\\nQuestion:", "\\nQ:"), and, when every line in between
       is labelled too ("Passage: ...", "Question: ..."), those labels: the model's next example starts with one.
-    A prompt without a label gets none: a bare question ("Who wrote Hamlet?") is answered after a line break or two,
-    so a line-break stop would end the answer before it starts; nor does a text to be continued."""
+    A label is a few words at a line's start ending in a colon, in any script: "Antwort:", "Réponse :" (a space before
+    the colon), "答え：" (the full-width colon). A prompt without a label gets none: a bare question ("Who wrote
+    Hamlet?") is answered after a line break or two, so a line-break stop would end the answer before it starts; nor
+    does a text to be continued."""
     text = (prompt or "").rstrip(" \t")
     if not text.strip():
         return ()
     ends_line = text.endswith("\n")
     lines = text.rstrip("\n").split("\n")
     cue = lines[-1].rstrip()
-    if not (cue.endswith((":", "?", "：", "？")) or ends_line):
+    if not (cue.endswith(_COLONS + _ASKS) or ends_line):
         return ()
     label = _label(cue)
     bare = label if label == cue else None  # "Answer:" alone: the answer follows it
@@ -89,19 +100,29 @@ def propose_stops(prompt: str | None) -> tuple[str, ...]:
     start = next((i for i in range(start, len(lines) - 1) if _label(lines[i])), start)
     example = lines[start:]
     first = _label(example[0]) if len(example) > 1 or not bare else None
-    if not first:
+    # a question asked on the line before a cue label frames the answer as a labelled one does ("...?\nAnswer:")
+    asked = bool(bare) and len(example) > 1 and example[-2].rstrip().endswith(_ASKS)
+    if not (first or asked):
         return ()
     answers = [_answer(lines, i, bare, first) for i in previous] if bare else []
     if answers and all(len(a) == 1 for a in answers) or bare and not answers and not ends_line:
         return ("\n",)  # one-line answers: the line break ends the answer
+    if not first:
+        return ()
     middle = [_label(line) for line in example[1:-1]]
     return tuple(dict.fromkeys("\n" + x for x in [first, *(middle if all(middle) else [])] if x != bare))
 
 
 def _label(line: str) -> str | None:
-    """The field label a line starts with ("Question:"), or None."""
-    m = _LABEL.match(line)
-    return m.group(0) if m and len(m.group(0).split()) <= _MAX_LABEL_WORDS else None
+    """The field label a line starts with ("Question:", "Réponse :", "答え："), or None. Combining marks (the vowel
+    signs of Devanagari, Thai, ...: not word characters to `re`) read as letters."""
+    m = _LABEL.match("".join("a" if unicodedata.category(c).startswith("M") else c for c in line[:64]))
+    if not m:
+        return None
+    label = line[:m.end()]
+    words = label.rstrip("".join(_COLONS) + _SPACES).split()
+    wide = sum(unicodedata.east_asian_width(c) in "WF" for c in label[:-1])
+    return label if len(words) <= _MAX_LABEL_WORDS and wide <= _MAX_LABEL_WIDE else None
 
 
 def _answer(lines: list[str], cue_at: int, bare: str | None, first: str | None) -> list[str]:

@@ -90,14 +90,35 @@ def test_chat_decodes_a_user_turn_after_an_optional_system_message(toy):
     out = client.chat.completions.create(model="adafuse", messages=[{"role": "system", "content": "Be brief."},
                                                                     {"role": "user", "content": "Q"}],
                                          logprobs=True, top_logprobs=3, extra_query={"trace": "true"})
-    assert out.choices[0].message.content == expected and out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == expected.lstrip() and out.choices[0].message.role == "assistant"
     assert out.model_extra["adafuse_trace"]["settings"]["system"] == "Be brief."
-    assert "".join(e.token for e in out.choices[0].logprobs.content) == expected
+    assert "".join(e.token for e in out.choices[0].logprobs.content) == expected.lstrip()
     stream = list(client.chat.completions.create(model="adafuse", messages=[{"role": "user", "content": "Q"}],
                                                  stream=True))
     assert stream[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in stream) == expected
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == expected.lstrip()
     assert stream[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_chat_message_does_not_begin_with_the_answers_leading_space(toy):
+    """The fused answer begins with the space of a raw-style word boundary (" Paris is nice."): a chat message's
+    content drops it, whole, streamed (its first chunk with text) and in its logprobs' tokens; a completion keeps it."""
+    ens, _, client = toy
+    expected = AdaFuse(ens.models, DecodeConfig(tau=0.7, mode="chat")).generate("Q").output
+    assert expected.startswith(" ") and expected.strip()
+    messages = [{"role": "user", "content": "Q"}]
+    whole = client.chat.completions.create(model="adafuse", messages=messages, logprobs=True, top_logprobs=2)
+    assert whole.choices[0].message.content == expected.lstrip()
+    first = whole.choices[0].logprobs.content[0]
+    assert not first.token[0].isspace() and all(not t.token[:1].isspace() for t in first.top_logprobs)
+    for extra in ({}, {"logprobs": True}):
+        chunks = [c.choices[0] for c in client.chat.completions.create(
+            model="adafuse", messages=messages, stream=True, extra_body={"adafuse": {"max_words": 1}}, **extra)]
+        texts = [c.delta.content for c in chunks if c.delta.content]
+        assert len(texts) > 1 and not texts[0][0].isspace() and "".join(texts) == expected.lstrip()
+        tokens = [e.token for c in chunks if c.logprobs for e in c.logprobs.content]
+        assert "".join(tokens) == (expected.lstrip() if extra else "")
+    assert client.completions.create(model="adafuse", prompt="Q").choices[0].text.startswith(" ")
 
 
 def test_chat_continues_a_conversation_of_several_turns(toy):
@@ -114,15 +135,35 @@ def test_chat_continues_a_conversation_of_several_turns(toy):
         http.headers["Authorization"] = f"Bearer {KEY}"
         client = openai.OpenAI(base_url="http://testserver/v1", api_key=KEY, http_client=http, max_retries=0)
         out = client.chat.completions.create(model="adafuse", messages=turns, extra_query={"trace": "true"})
-    assert out.choices[0].message.content == expected.output
+    assert out.choices[0].message.content == expected.output.lstrip()
     assert out.model_extra["adafuse_trace"]["settings"]["history"] == [list(t) for t in history]
     assert out.model_extra["adafuse_trace"]["prompt"] == "Q"
-    _, _, client = toy
-    for bad in ([{"role": "user", "content": "Q"}, {"role": "user", "content": "Q"}],
-                [{"role": "user", "content": "Q"}, {"role": "assistant", "content": " Paris"}],
-                [{"role": "assistant", "content": " Paris"}, {"role": "user", "content": "Q"}]):
-        with pytest.raises(openai.BadRequestError, match="taking turns, ending with the user's"):
-            client.chat.completions.create(model="adafuse", messages=bad)
+
+
+SYSTEM, USER, ASSISTANT = ({"role": r, "content": "Q"} for r in ("system", "user", "assistant"))
+
+
+@pytest.mark.parametrize("messages, param, says", [
+    ([ASSISTANT], "messages.0.role", "messages[0] is an assistant message, but a user message was expected there"),
+    ([SYSTEM, ASSISTANT, USER], "messages.1.role",
+     "messages[1] is an assistant message, but a user message was expected there"),
+    ([USER, USER], "messages.1.role", "messages[1] is a user message, but an assistant message was expected there"),
+    ([USER, ASSISTANT], "messages.1.role", "the last message (messages[1]) is the assistant's, but a conversation"),
+    ([USER, SYSTEM, USER], "messages.1.role", "messages[1] is a system message, but a system message may only come "
+                                              "first"),
+    ([USER, {"role": "tool", "content": "Q"}], "messages.1.role",
+     "messages[1] is a tool message, but tool messages are unsupported"),
+    ([SYSTEM], "messages", "messages hold only a system message, so there is nothing to answer"),
+    ([], "messages", "messages are empty, so there is nothing to answer"),
+])
+def test_a_bad_message_list_is_told_which_message_is_wrong_and_what_a_conversation_is(toy, messages, param, says):
+    _, http, _ = toy
+    r = http.post("/v1/chat/completions", json={"model": "adafuse", "messages": messages})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["type"] == "invalid_request_error" and error["param"] == param, error
+    assert error["message"].startswith(says), error["message"]
+    assert error["message"].endswith("then user and assistant messages taking turns, ending with the user's (the "
+                                     "ensemble writes the next assistant message)")
 
 
 @pytest.mark.parametrize("body, status, param, says", [
@@ -132,7 +173,10 @@ def test_chat_continues_a_conversation_of_several_turns(toy):
     ({"model": "adafuse", "prompt": "Q", "adafuse": {"weights": [1.0]}}, 400, "adafuse.weights", "one per model"),
     ({"model": "adafuse", "prompt": "Q", "adafuse": {"mode": "chat"}}, 400, "adafuse.mode", "fixed when the server"),
     ({"model": "adafuse", "prompt": "Q", "adafuse": {"gate": "/etc/passwd"}}, 400, "adafuse.gate", "not a gate"),
-    ({"model": "adafuse", "prompt": "Q", "max_tokens": 0}, 400, "max_tokens", "max_tokens=0 is invalid"),
+    # the range a token cap is told is this server's limit (the toy models' context, 4096), not the library's
+    ({"model": "adafuse", "prompt": "Q", "max_tokens": 0}, 400, "max_tokens",
+     "max_tokens=0 is invalid: use a whole number from 1 to 4096 (this server's limit"),
+    ({"model": "adafuse", "prompt": "Q", "max_tokens": -3}, 400, "max_tokens", "use a whole number from 1 to 4096"),
     ({"model": "adafuse", "prompt": "Q", "n": 2}, 400, "n", "n=1"),
     # lm-eval's local-completions scoring a prompt's own tokens: the --model adafuse path instead
     ({"model": "adafuse", "prompt": "Q Paris", "echo": True, "logprobs": 1, "max_tokens": 1}, 400, "echo",
@@ -149,7 +193,8 @@ def test_chat_continues_a_conversation_of_several_turns(toy):
     ({"model": "adafuse", "prompt": "Q", "top_p": 0}, 400, "top_p", "greater than 0"),
     ({"model": "adafuse", "prompt": "Q", "presence_penalty": 3}, 400, "presence_penalty", "less than or equal to 2"),
     # what one request may cost: the toy models' context (4096) caps max_tokens, --max-branches (8) the branches
-    ({"model": "adafuse", "prompt": "Q", "max_tokens": 1_000_000}, 400, "max_tokens", "over this server's limit of 4096"),
+    ({"model": "adafuse", "prompt": "Q", "max_tokens": 1_000_000}, 400, "max_tokens",
+     "over this server's limit of 4096 tokens: use a whole number from 1 to 4096"),
     ({"model": "adafuse", "prompt": "Q", "adafuse": {"branches": 9}}, 400, "adafuse.branches", "limit of 8"),
     ({"model": "adafuse", "prompt": "Q" * 200_000}, 400, "prompt", "the prompt is 200000 tokens for a"),
 ])
@@ -171,6 +216,33 @@ def test_in_range_sampling_fields_are_accepted_and_a_body_that_is_not_json_is_sa
         error = r.json()["error"]
         said = "is empty" if not body else "not valid JSON"
         assert r.status_code == 400 and said in error["message"] and error["param"] is None, error
+
+
+@pytest.mark.parametrize("content, content_type, says", [
+    ('{"model": "adafuse", "prompt": "Q"}', "text/plain", "the request body was sent as text/plain, not as JSON"),
+    ("Who wrote Hamlet?", "text/plain; charset=utf-8", "the request body was sent as text/plain, not as JSON"),
+    ("model=adafuse", "application/x-www-form-urlencoded",
+     "the request body was sent as application/x-www-form-urlencoded, not as JSON"),
+    ("[1, 2]", "application/json", "the request body is a JSON array, not an object"),
+    ("null", "application/json", "the request body is a JSON null, not an object"),
+])
+def test_a_body_that_is_not_a_json_object_is_told_to_send_one(toy, content, content_type, says):
+    _, http, _ = toy
+    for route in ("/v1/completions", "/v1/chat/completions"):
+        r = http.post(route, content=content, headers={"Content-Type": content_type})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["type"] == "invalid_request_error" and error["param"] is None, error
+        assert error["message"] == f"{says}: send a JSON object with Content-Type: application/json"
+
+
+def test_a_chat_token_cap_is_told_by_the_field_it_came_in(toy):
+    _, http, _ = toy
+    for field in ("max_tokens", "max_completion_tokens"):
+        r = http.post("/v1/chat/completions", json={"model": "adafuse", "messages": [{"role": "user", "content": "Q"}],
+                                                    field: 0})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == field, error
+        assert error["message"].startswith(f"{field}=0 is invalid: use a whole number from 1 to 4096")
 
 
 def test_an_unexpected_failure_is_a_500_error_object_without_its_details(toy, monkeypatch):

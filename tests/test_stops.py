@@ -76,6 +76,9 @@ def test_format_stops_shows_a_traces_stops_in_the_box():
     ("Intro.\n\nPassage: It was built in 1871.\nQuestion: When was it built?\nAnswer:\n",
      ("\nPassage:", "\nQuestion:")),  # every line labelled: the next example starts with one of them
     ("Q: what is 2+2?", ("\nQ:",)),
+    # a question with no label of its own, then a cue label: the answer follows on the cue's line too
+    ("Who wrote Hamlet?\nAnswer:", ("\n",)),
+    ("Wer schrieb Hamlet?\nAntwort:", ("\n",)),
     # no label: a bare question is answered after "\n\n" (a line-break stop would leave it empty); text to continue
     ("Who wrote Hamlet?", ()),
     ("Summarize the plot of Hamlet:", ()),
@@ -90,6 +93,29 @@ def test_format_stops_shows_a_traces_stops_in_the_box():
 def test_stops_proposed_from_a_raw_prompt(prompt, stops):
     assert propose_stops(prompt) == stops
     DecodeConfig(stop=stops)  # a valid setting
+
+
+# labels in any script, with the colon each writes: full-width (no space after it), a space or a no-break space before
+# it, vowel signs (combining marks) inside the label
+OTHER_LANGUAGES = {
+    "質問：ハムレットを書いたのは誰ですか？\n答え：": ("\n",),
+    "ハムレットを書いたのは誰ですか？\n答え：": ("\n",),
+    "问题：谁写了哈姆雷特？\n答案：": ("\n",),
+    "問題：日本の首都は？\n答え：東京\n\n問題：ハムレットを書いたのは誰ですか？\n答え：": ("\n",),
+    "問題：1+1は？\n答え：考えます。\n2\n\n問題：2+3は？\n答え：": ("\n問題：",),  # answers over lines
+    "Question\u00a0: Qui a écrit Hamlet\u00a0?\nRéponse\u00a0:": ("\n",),
+    "Qui a écrit Hamlet ?\nRéponse :": ("\n",),
+    "सवाल: हेमलेट किसने लिखा?\nजवाब:": ("\n",),
+}
+
+
+def test_stops_proposed_for_frames_in_other_languages():
+    assert {prompt: propose_stops(prompt) for prompt in OTHER_LANGUAGES} == OTHER_LANGUAGES
+    # not labels: a sentence ending in a colon (many words, or many Chinese or Japanese characters), a colon mid-line
+    # nor a question and a cue label with the answer on the next line (a line break would end it at once)
+    for prompt in ("これは長い文で説明しています：\n答え：", "ハムレットを書いたのは誰？答え：", "See http://x.org:\nAnswer:",
+                   "Who wrote Hamlet?\nAnswer:\n"):
+        assert propose_stops(prompt) == (), prompt
 
 
 def test_a_passages_own_colons_are_not_labels():

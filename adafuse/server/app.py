@@ -137,9 +137,9 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(exc.body(), exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         found = exc.errors()
-        body = _body_error(found)
+        body = _body_error(found, request.headers.get("content-type", ""))
         if body:
             return JSONResponse(ApiError(400, f"{body}: send a JSON object with Content-Type: application/json").body(),
                                 400)
@@ -275,15 +275,24 @@ async def _stream(served: _Served, run: Run, d: Decoding, job: Job, rid: str) ->
         run.cancel()
 
 
-def _body_error(errors) -> str:
+def _body_error(errors, content_type: str) -> str:
     """What is wrong with the request body as a whole ("" when it is a JSON object): not JSON (pydantic's loc is
-    ("body", the character where it broke)), or empty."""
+    ("body", the character where it broke)), empty, sent as another type than JSON (FastAPI parses only a JSON
+    content type: the rest reaches validation as bytes), or JSON but not an object (an array, a string, null)."""
     for e in errors:
         if e.get("type") == "json_invalid":
             why = (e.get("ctx") or {}).get("error", "invalid JSON")
             return f"the request body is not valid JSON ({why} at character {e.get('loc', ('body', '?'))[-1]})"
-        if tuple(e.get("loc", ())) == ("body",) and e.get("type") == "missing":
+        if tuple(e.get("loc", ())) != ("body",):
+            continue
+        given = e.get("input")
+        if e.get("type") == "missing" or given in (b"", ""):
             return "the request body is empty"
+        if isinstance(given, (bytes, bytearray)):
+            sent = content_type.split(";")[0].strip()
+            return f"the request body was sent {f'as {sent}' if sent else 'without a Content-Type'}, not as JSON"
+        kind = {list: "array", str: "string", type(None): "null", bool: "boolean"}.get(type(given), "number")
+        return f"the request body is a JSON {kind}, not an object"
     return ""
 
 

@@ -102,9 +102,10 @@ def check_model(name: str, limits: Limits) -> None:
                             "(GET /v1/models lists it)", param="model", code="model_not_found")
 
 
-def _settings(req: _Request, base: DecodeConfig, limits: Limits, max_tokens: int | None) -> tuple[DecodeConfig, bool]:
-    """The request's decode settings (the server's, with the request's stop strings, token cap and `adafuse`
-    overrides) and whether it asks for the trace."""
+def _settings(req: _Request, base: DecodeConfig, limits: Limits, max_tokens: int | None,
+              cap_field: str = "max_tokens") -> tuple[DecodeConfig, bool]:
+    """The request's decode settings (the server's, with the request's stop strings, token cap — sent as
+    `cap_field` — and `adafuse` overrides) and whether it asks for the trace."""
     ext = dict(req.adafuse or {})
     want_trace = ext.pop("trace", False)
     if not isinstance(want_trace, bool):
@@ -132,9 +133,7 @@ def _settings(req: _Request, base: DecodeConfig, limits: Limits, max_tokens: int
             raise bad(f"stop has {len(stops)} strings: give at most {MAX_STOPS}", "stop")
         changes["stop"] = tuple(stops)
     if max_tokens is not None:
-        if limits.max_tokens is not None and max_tokens > limits.max_tokens:
-            raise bad(f"max_tokens={max_tokens} is over this server's limit of {limits.max_tokens} tokens "
-                      "(adafuse serve --max-tokens): ask for fewer", "max_tokens")
+        check_max_tokens(max_tokens, limits, cap_field)
         changes["max_new_tokens"] = max_tokens
     try:
         config = DecodeConfig.of(base, **changes)
@@ -152,6 +151,17 @@ def _settings(req: _Request, base: DecodeConfig, limits: Limits, max_tokens: int
         raise bad(f"adafuse.weights has {len(config.weights)} values for {limits.members} models: give one per model",
                   "adafuse.weights")
     return config, want_trace
+
+
+def check_max_tokens(value: int, limits: Limits, name: str = "max_tokens") -> None:
+    """A request's token cap within the range this server takes: 1 to its limit (--max-tokens, by default the
+    smallest context window of the members). Without a limit the library's own range holds (DecodeConfig says it)."""
+    high = limits.max_tokens
+    if high is None or 1 <= value <= high:
+        return
+    what = f"over this server's limit of {high} tokens" if value > high else "invalid"
+    raise bad(f"{name}={value} is {what}: use a whole number from 1 to {high} (this server's limit: adafuse serve "
+              "--max-tokens, by default the smallest context window of the members)", name)
 
 
 def _common(req: _Request, limits: Limits) -> None:
@@ -204,16 +214,41 @@ def chat_prompt(messages: list[Message]) -> tuple[str, str | None, tuple[tuple[s
     if rest and rest[0][1].role in ("system", "developer"):
         system = _text(rest[0][1], 0)
         rest = rest[1:]
-    roles = [m.role for _, m in rest]
-    if not rest or roles != [("user", "assistant")[i % 2] for i in range(len(rest))] or roles[-1] != "user":
-        shown = ", ".join(m.role for m in messages) or "none"
-        raise bad(f"messages are {shown}: send an optional system message, then user and assistant messages taking "
-                  "turns, ending with the user's (the ensemble writes the next assistant message)", "messages")
+    _check_turns(rest, had_system=system is not None)
     at, user = rest[-1]
     text = _text(user, at)
     if not text.strip():
         raise bad("the last user message is empty: send some text", f"messages.{at}.content")
     return text, system, tuple((m.role, _text(m, i)) for i, m in rest[:-1])
+
+
+_A = {"user": "a user", "assistant": "an assistant"}
+TURNS = ("send an optional system message, then user and assistant messages taking turns, ending with the user's "
+         "(the ensemble writes the next assistant message)")
+
+
+def _check_turns(turns: list[tuple[int, Message]], had_system: bool) -> None:
+    """The messages after the optional system message take turns, user first and last; else a 400 that says which
+    message is wrong and why, and what a conversation looks like."""
+    for k, (i, m) in enumerate(turns):
+        want = ("user", "assistant")[k % 2]
+        if m.role == want:
+            continue
+        if m.role in ("system", "developer"):
+            why = f"a {m.role} message may only come first"
+        elif m.role in ("tool", "function"):
+            why = f"{m.role} messages are unsupported (this server calls no tools)"
+        else:
+            why = f"{_A[want]} message was expected there"
+        raise bad(f"messages[{i}] is {_A.get(m.role, 'a ' + m.role)} message, but {why}: {TURNS}",
+                  f"messages.{i}.role")
+    if not turns:
+        what = "hold only a system message" if had_system else "are empty"
+        raise bad(f"messages {what}, so there is nothing to answer: {TURNS}", "messages")
+    if turns[-1][1].role != "user":
+        i = turns[-1][0]
+        raise bad(f"the last message (messages[{i}]) is the assistant's, but a conversation sent for a reply ends "
+                  f"with the user's: {TURNS}", f"messages.{i}.role")
 
 
 def chat_job(req: ChatRequest, base: DecodeConfig, limits: Limits, trace_query: bool = False) -> Job:
@@ -225,8 +260,8 @@ def chat_job(req: ChatRequest, base: DecodeConfig, limits: Limits, trace_query: 
     if req.top_logprobs is not None and not req.logprobs:
         raise bad("top_logprobs needs logprobs=true", "top_logprobs")
     chat_base = replace(base, mode="chat", system=base.system if system is None else system, history=history)
-    cap = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    config, want_trace = _settings(req, chat_base, limits, cap)
+    cap_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    config, want_trace = _settings(req, chat_base, limits, getattr(req, cap_field), cap_field)
     return Job(prompt, config, chat=True, stream=req.stream,
                usage_chunk=bool(req.stream_options and req.stream_options.include_usage),
                logprobs=(req.top_logprobs or 0) if req.logprobs else None, trace=want_trace or trace_query)

@@ -95,19 +95,32 @@ def completion_logprobs(rounds: Sequence[Round], top: int, offset: int = 0) -> d
             "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_logprobs(rounds: Sequence[Round], top: int) -> dict:
-    """The chat API's logprobs: one entry per committed round (see `completion_logprobs`)."""
+def chat_logprobs(rounds: Sequence[Round], top: int, lead: bool = True) -> dict:
+    """The chat API's logprobs: one entry per committed round (see `completion_logprobs`). `lead`: the rounds begin
+    the message, so, as its content, their texts (and their alternatives) drop the answer's leading whitespace until
+    one has more; their tokens then join to the message's content."""
     def entry(text: str, logprob: float | None) -> dict:
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
-    return {"content": [{**entry(r.text, _logprob(r.candidates[r.chosen].fused)),
-                         "top_logprobs": [entry(t, lp) for t, lp in _ranked(r, top)]} for r in rounds]}
+    content = []
+    for r in rounds:
+        cut = str.lstrip if lead else str
+        content.append({**entry(cut(r.text), _logprob(r.candidates[r.chosen].fused)),
+                        "top_logprobs": [entry(cut(t), lp) for t, lp in _ranked(r, top)]})
+        lead = lead and not r.text.strip()
+    return {"content": content}
 
 
-def _logprobs(chat: bool, rounds: Sequence[Round], top: int | None, offset: int = 0) -> dict | None:
+def _logprobs(chat: bool, rounds: Sequence[Round], top: int | None, offset: int = 0, lead: bool = True) -> dict | None:
     if top is None:
         return None
-    return chat_logprobs(rounds, top) if chat else completion_logprobs(rounds, top, offset)
+    return chat_logprobs(rounds, top, lead) if chat else completion_logprobs(rounds, top, offset)
+
+
+def message_text(output: str) -> str:
+    """A chat message's content: the fused answer without its leading whitespace (the space a raw-style word
+    boundary puts before the first word); a completion's text stays as decoded."""
+    return output.lstrip()
 
 
 def _trace_json(trace: Trace) -> dict:
@@ -120,7 +133,7 @@ def body(rid: str, model: str, chat: bool, trace: Trace, models: Sequence[Loaded
     choice: dict = {"index": 0, "finish_reason": finish_reason(trace),
                     "logprobs": _logprobs(chat, trace.rounds, top)}
     if chat:
-        choice["message"] = {"role": "assistant", "content": trace.output}
+        choice["message"] = {"role": "assistant", "content": message_text(trace.output)}
     else:
         choice["text"] = trace.output
     out = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
@@ -139,6 +152,15 @@ class Chunks:
         self.rid, self.model, self.chat, self.top = rid, model, chat, top
         self.created = int(time.time())
         self.sent = 0  # characters of the output sent so far
+        self.lead = chat  # a chat message's content has not begun: its leading whitespace is dropped (message_text)
+        self.lead_rounds = chat  # the same for the rounds' logprobs: no round with more than whitespace sent yet
+
+    def _text(self, text: str) -> str:
+        """What is sent of the output's next `text`: all of it, but a chat message's leading whitespace."""
+        if self.lead:
+            text = message_text(text)
+            self.lead = not text
+        return text
 
     def _chunk(self, choices: list[dict], **extra) -> dict:
         return {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -146,7 +168,8 @@ class Chunks:
 
     def _choice(self, text: str | None, rounds: Sequence[Round], finish: str | None) -> dict:
         choice: dict = {"index": 0, "finish_reason": finish,
-                        "logprobs": _logprobs(self.chat, rounds, self.top, self.sent) if rounds else None}
+                        "logprobs": _logprobs(self.chat, rounds, self.top, self.sent, self.lead_rounds)
+                        if rounds else None}
         if self.chat:
             choice["delta"] = {} if text is None else {"content": text}
         else:
@@ -163,16 +186,15 @@ class Chunks:
     def round(self, r: Round, output: str, settled: int) -> dict | None:
         """The chunk of a committed round: the output's text from what was sent up to `settled` (what no later round
         can take back); None when that adds nothing and there are no logprobs to send."""
-        text = output[self.sent:settled]
-        if not text and self.top is None:
-            return None
-        chunk = self._chunk([self._choice(text, [r], None)])
-        self.sent = max(self.sent, settled)
+        text = self._text(output[self.sent:settled])
+        chunk = self._chunk([self._choice(text, [r], None)]) if text or self.top is not None else None
+        self.sent = max(self.sent, settled)  # a chat message's leading whitespace too: dropped, not held
+        self.lead_rounds = self.lead_rounds and not r.text.strip()
         return chunk
 
     def final(self, trace: Trace, with_trace: bool) -> dict:
         """The last chunk: what is left of the output, and why the decode stopped."""
-        rest = trace.output[self.sent:]
+        rest = self._text(trace.output[self.sent:])
         self.sent = len(trace.output)
         extra = {"adafuse": outcome(trace), **({"adafuse_trace": _trace_json(trace)} if with_trace else {})}
         return self._chunk([self._choice(rest if rest or not self.chat else None, [], finish_reason(trace))],
