@@ -6,14 +6,22 @@ context moves to the continuation; the context is `encode(context)` and the cont
 `encode(context + continuation)` after its first `len(encode(context))`. Where a model's tokenizer merges the
 context's last characters with the continuation's first into one token, the context keeps its own tokens and the
 continuation's are the whole text's after as many as the context has — they then spell the continuation only in
-part (`hf` scores exactly these; so does this, so one member gives `hf`'s numbers). An empty context is the model's
-BOS (else EOS) token. `encode` is the tokenizer's own call, special tokens included (a tokenizer that adds BOS
-adds it). A model's log-likelihood is the sum of its continuation tokens' log-probabilities; the fused one is their
-weighted mean over models (`DecodeConfig.weights`, or a learned gate's weights from what each model shows at the
-context's end). The boundary lies at the same character for every model, so the models score the same text.
+part, or not at all (a continuation merged wholly into the context has no token of its own: its log-likelihood is
+the empty sum, 0, and it counts as greedy — `hf`'s own formula, where `hf` itself stops at an assert). `encode` is
+`hf`'s `tok_encode`: the tokenizer's own call, special tokens included, except for a text that already starts with
+the text of the model's prefix token (BOS, else EOS), which is encoded without them. An empty context is the prefix
+token, and its continuation is encoded without special tokens (a continuation starting with the prefix token gives
+it up as the context). A model's window is `hf`'s `max_length`: the one given, else the config's (`n_positions`,
+`max_position_embeddings`, `n_ctx`), else the tokenizer's `model_max_length`, else 2048. A model's log-likelihood is
+the sum of its continuation tokens' log-probabilities, computed a chunk of positions at a time (`token_scores`: only
+the target tokens' log-probabilities are kept, so memory is bounded by a chunk, not by a window or a text); the fused
+one is their weighted mean over models (`DecodeConfig.weights`, or a learned gate's weights from what each model
+shows at the context's end). The boundary lies at the same character for every model, so the models score the same
+text.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -25,7 +33,14 @@ from .models import LoadedModel
 from .models.prefixes import copy_cache
 from .writer import margin
 
-DEFAULT_MAX_LENGTH = 2048  # a model whose config names no context window: lm-evaluation-harness's default
+DEFAULT_MAX_LENGTH = 2048  # a model whose config and tokenizer name no context window: lm-evaluation-harness's default
+TOKENIZER_UNSET = int(1e30)  # a tokenizer's model_max_length when nobody set it (transformers' VERY_LARGE_INTEGER)
+WINDOW_ATTRIBUTES = ("n_positions", "max_position_embeddings", "n_ctx")  # in hf's order (`resolve_max_length`)
+# Most bytes of log-probabilities one scoring forward hands back (rows × positions × vocabulary × 4): a window or a
+# long continuation is fed this many positions at a time and only its target tokens' log-probabilities are kept
+# (a 262k vocabulary: 128 positions a forward; a 32k-token window's log-probs alone would be 34 GB)
+CHUNK_BYTES = 2**27
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,9 +60,13 @@ class Likelihood:
 
 
 def encode(lm: LoadedModel, text: str) -> list[int]:
-    """`text` as the model's tokenizer encodes it by default (special tokens included: BOS where it adds one)."""
+    """`text` as lm-evaluation-harness's `hf` model encodes it (`tok_encode`): the tokenizer's own call, special tokens
+    included (BOS where it adds one, EOS where it appends one), except for a text that already starts with the text
+    of the prefix token, which is encoded without them."""
+    first = prefix_token(lm)
+    starts = first is not None and text.startswith(lm.decode([first]))
     with lm.tokenizer_lock:
-        return list(lm.tokenizer(text).input_ids)
+        return list((lm.tokenizer(text, add_special_tokens=False) if starts else lm.tokenizer(text)).input_ids)
 
 
 def prefix_token(lm: LoadedModel) -> int:
@@ -61,8 +80,7 @@ def split(lm: LoadedModel, context: str, continuation: str) -> tuple[list[int], 
     """The context's and the continuation's tokens for model `lm`, as lm-evaluation-harness's `hf` model splits
     them (see the module's docstring)."""
     if context == "":
-        cont = encode(lm, continuation)
-        first = prefix_token(lm)
+        cont, first = lm.tokenize(continuation), prefix_token(lm)
         return ([first], cont) if not cont or cont[0] != first else (cont[:1], cont[1:])
     spaces = len(context) - len(context.rstrip())
     if spaces:
@@ -72,8 +90,20 @@ def split(lm: LoadedModel, context: str, continuation: str) -> tuple[list[int], 
     return (ctx or [prefix_token(lm)]), cont  # a context of whitespace only: hf asserts; here the empty context's token
 
 
-def max_length(lm: LoadedModel) -> int:
-    return lm.max_positions or DEFAULT_MAX_LENGTH
+def max_length(lm: LoadedModel, given: int | None = None) -> int:
+    """The model's window as lm-evaluation-harness's `hf` model reads it (`max_length`): `given`, else its config's
+    (a text config inside it first), else its tokenizer's `model_max_length` where set, else DEFAULT_MAX_LENGTH."""
+    if given:
+        return given
+    config = getattr(getattr(lm, "model", None), "config", None)
+    config = getattr(config, "text_config", None) or config
+    for name in WINDOW_ATTRIBUTES:
+        if getattr(config, name, None) is not None:
+            return int(getattr(config, name))
+    if lm.max_positions:  # a served model: what its server says
+        return lm.max_positions
+    limit = getattr(lm.tokenizer, "model_max_length", None)
+    return int(limit) if limit is not None and limit < TOKENIZER_UNSET else DEFAULT_MAX_LENGTH
 
 
 @dataclass
@@ -88,39 +118,47 @@ class Scores:
 def token_scores(lm: LoadedModel, ctx: list[int], conts: list[list[int]]) -> Scores:
     """Each continuation's token log-probabilities after `ctx` (`fitted` to the window): one forward over the
     context (over what the model's prefix store does not hold of it already), then the continuations side by side
-    on copies of its cache."""
+    on copies of its cache, CHUNK_BYTES of log-probabilities a forward, of which only the targets' are kept."""
     if not hasattr(lm, "batcher"):
         raise ConfigError(f"{lm.name} is served: scoring given text needs each member's full next-token "
                           "distributions, so score with local members")
     with lm.prefixes.prefill(ctx) as (cache, reused):  # a prefix shared with other prompts (few-shot examples): reused
         first = lm.batcher.forward([ctx[reused:]], cache, keep=1).logprobs[0, -1].float()  # (V,)
         lm.prefixes.store(ctx, cache)
-    rows = [c[:-1] for c in conts]
-    after = None
-    if any(rows):
-        width = max(len(r) for r in rows)
-        side = copy_cache(cache, len(ctx), len(rows))
-        after = lm.batcher.forward([r + [conts[0][0]] * (width - len(r)) for r in rows], side).logprobs.float()
-    logprobs, greedy = [], []
-    for i, c in enumerate(conts):
-        steps = torch.cat([first[None], after[i, : len(c) - 1]]) if len(c) > 1 else first[None]  # (len(c), V)
-        target = torch.tensor(c, device=steps.device)
-        logprobs.append(steps.gather(1, target[:, None])[:, 0].tolist())
-        greedy.append(bool((steps.argmax(-1) == target).all()))
-    return Scores(logprobs, greedy, first)
+    width = max(len(c) for c in conts)
+    target = torch.tensor([c + [0] * (width - len(c)) for c in conts], device=first.device)  # (N, W)
+    found = torch.zeros(target.shape, device=first.device)  # (N, W) each target token's log-probability
+    hits = torch.ones(target.shape, dtype=torch.bool, device=first.device)  # (N, W) each target the argmax
+    if width:
+        found[:, 0], hits[:, 0] = first[target[:, 0]], first.argmax() == target[:, 0]
+    if width > 1:
+        side = copy_cache(cache, len(ctx), len(conts))
+        step = max(1, CHUNK_BYTES // (len(conts) * lm.vocab_size * 4))
+        for at in range(0, width - 1, step):  # the tokens at..end-1 fed predict the targets at+1..end
+            end = min(at + step, width - 1)
+            logprobs = lm.batcher.forward(target[:, at:end].tolist(), side).logprobs  # (N, C, V)
+            wanted = target[:, at + 1: end + 1]  # (N, C)
+            found[:, at + 1: end + 1] = logprobs.gather(-1, wanted[..., None])[..., 0].float()
+            hits[:, at + 1: end + 1] = logprobs.argmax(-1) == wanted
+            del logprobs  # (the next chunk's forward allocates its own)
+    return Scores([found[i, : len(c)].tolist() for i, c in enumerate(conts)],
+                  [bool(hits[i, : len(c)].all()) for i, c in enumerate(conts)], first)
 
 
-def fitted(lm: LoadedModel, ctx: list[int], cont: list[int], text: str) -> tuple[list[int], list[int]]:
-    """The context left-truncated so that context and continuation fit the model's window, each request on its own
-    (lm-evaluation-harness's `(ctx + cont)[-(max_length + 1):]`); a continuation that is no token or fills the window
-    alone is a PromptError."""
+def fitted(lm: LoadedModel, ctx: list[int], cont: list[int], text: str, window: int | None = None
+           ) -> tuple[list[int], list[int]]:
+    """The context left-truncated so that context and continuation fit the model's window (`max_length(lm, window)`),
+    each request on its own (lm-evaluation-harness's `(ctx + cont)[-(max_length + 1):]`); a continuation that fills
+    the window alone is a PromptError. A continuation of no token (merged wholly into the context) is kept: it scores
+    0, as `hf`'s formula gives."""
+    size = max_length(lm, window)
     if not cont:
-        raise PromptError(f"{text!r} adds no token of its own after the context for {lm.name} (its tokenizer merges it "
-                          "into the context's last token): end the context at a word boundary, or start the "
-                          "continuation with a space")
-    room = max_length(lm) + 1 - len(cont)
+        log.warning("%r adds no token of its own after the context for %s (its tokenizer merges it into the "
+                    "context's last token): its log-likelihood there is 0, as lm-eval's hf formula gives", text,
+                    lm.name)
+    room = size + 1 - len(cont)
     if room < 1:
-        raise PromptError(f"{text[:40]!r}… is {len(cont)} tokens for {lm.name}, whose window is {max_length(lm)}: "
+        raise PromptError(f"{text[:40]!r}… is {len(cont)} tokens for {lm.name}, whose window is {size}: "
                           "score it rolling (AdaFuse.score_rolling)")
     return ctx[-room:], cont
 
@@ -143,12 +181,14 @@ def rolling_windows(tokens: list[int], prefix: int, max_len: int) -> list[tuple[
 
 
 class Scorer:
-    """Scores continuations with an ensemble's models, fused with its weights or learned gate."""
+    """Scores continuations with an ensemble's models, fused with its weights or learned gate; `max_length`, where
+    given, is every model's window (lm-evaluation-harness's `max_length` model argument), else each its own."""
 
     def __init__(self, models: Sequence[LoadedModel], names: Sequence[str], weights: Sequence[float] = (),
-                 gate: Gate | None = None, tau: float = 0.7):
+                 gate: Gate | None = None, tau: float = 0.7, max_length: int | None = None):
         self.models, self.names = list(models), list(names)
         self.weights, self.gate, self.tau = tuple(weights), gate, tau
+        self.max_length = max_length
 
     def score(self, context: str, continuations: Sequence[str]) -> list[Likelihood]:
         """Each continuation after `context`: each model's log-likelihood in its own tokens and the fused one."""
@@ -156,7 +196,7 @@ class Scorer:
             return []
         per_model = []
         for lm in self.models:
-            pairs = [fitted(lm, *split(lm, context, c), c) for c in continuations]
+            pairs = [fitted(lm, *split(lm, context, c), c, self.max_length) for c in continuations]
             groups: dict[tuple[int, ...], list[int]] = {}
             for i, (ctx, _) in enumerate(pairs):  # continuations after the same context tokens: one forward
                 groups.setdefault(tuple(ctx), []).append(i)
@@ -178,13 +218,13 @@ class Scorer:
 
     def rolling(self, text: str) -> Likelihood:
         """The whole of `text` scored from its start, each model over its own tokens in windows of its context size
-        (lm-evaluation-harness's loglikelihood_rolling); the fused log-likelihood with the ensemble's fixed weights (a
-        gate reads a word start, which a whole text does not have: a gated ensemble fuses with its fixed weights, equal
-        when none are set)."""
+        (lm-evaluation-harness's loglikelihood_rolling), keeping only each window's sum; the fused log-likelihood with
+        the ensemble's fixed weights (a gate reads a word start, which a whole text does not have: a gated ensemble
+        fuses with its fixed weights, equal when none are set)."""
         logprob, tokens, greedy = {}, {}, {}
         for lm, name in zip(self.models, self.names):
             total, count, all_greedy = 0.0, 0, True
-            for ctx, pred in rolling_windows(encode(lm, text), prefix_token(lm), max_length(lm)):
+            for ctx, pred in rolling_windows(encode(lm, text), prefix_token(lm), max_length(lm, self.max_length)):
                 s = token_scores(lm, ctx, [pred])
                 total, count, all_greedy = total + sum(s.logprobs[0]), count + len(pred), all_greedy and s.greedy[0]
             logprob[name], tokens[name], greedy[name] = total, count, all_greedy

@@ -10,6 +10,18 @@ runs lm-eval's own command line with ARGS:
         --include_path adafuse/harness/lm_eval_tasks --tasks adafuse_triviaqa --limit 20
 
 lm-eval splits --model_args on commas, so the members are joined with "+" (weights with "/", as `adafuse eval`).
+`max_length=N` is every member's window when scoring (as lm-eval's `hf` model takes it: rolling windows and the
+left-truncation of loglikelihood requests; generate_until's decodes keep each member's own window).
+
+`is_greedy`, the second value of each loglikelihood answer: with one member, every continuation token its argmax (as
+`hf`); with several, whether the fused decode of the context writes the continuation — a decode per context, which
+acc and acc_norm never use. lm-eval hands a model its requests, not the metrics that will read them, and its
+multiple-choice scoring reads the gold answer's is_greedy on every question (for exact_match) whether or not the task
+reports exact_match, so a value decoded on first read would still decode every question. What the model sees is the
+requests' shape, and `is_greedy=` in model_args decides (`decoded_contexts`): `auto` (default) decodes the contexts of
+documents that ask one continuation (a loglikelihood task: lambada's acc is its is_greedy) and not those of documents
+that ask several (multiple choice: their is_greedy is False; exact_match needs `is_greedy=true`); `true` decodes
+every context, `false` none.
 """
 from __future__ import annotations
 
@@ -27,13 +39,17 @@ from ..ensemble import AdaFuse
 from ..errors import ConfigError
 from ..many import DEFAULT_CONCURRENCY, check_concurrency, run_many
 from ..models import DEFAULT_PAIR, LoadedModel, ModelRegistry
+from ..scorer import Scorer
 
 NAME = "adafuse"
 SEPARATOR = "+"  # between members in models=...: lm-eval splits model_args on commas
+
+
 def _settings(args: dict) -> dict:
     """model_args (values already typed by lm-eval) as DecodeConfig fields; weights as "1/4" like `adafuse eval`."""
-    where = (f"--model_args of --model {NAME} (models=A{SEPARATOR}B, concurrency, device, trust_remote_code or a "
-             "decoding setting: tau, max_words, branches, weights=1/4, gate, method, normalize, speculate, ...)")
+    where = (f"--model_args of --model {NAME} (models=A{SEPARATOR}B, concurrency, device, max_length, is_greedy, "
+             "trust_remote_code or a decoding setting: tau, max_words, branches, weights=1/4, gate, method, normalize, "
+             "speculate, ...)")
     if "stop" in args:
         raise ConfigError(f"stop in --model_args of --model {NAME}: the stop strings come from the task (its until)")
     return {key: setting_value(key, value, where) for key, value in args.items()}
@@ -48,6 +64,36 @@ def _device(device: str | None) -> str | None:
     return device
 
 
+def _is_greedy(value) -> bool | str:
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise ConfigError(f"is_greedy={value!r} in --model_args of --model {NAME}: give auto (decode the documents that "
+                      "ask one continuation), true (every context) or false (none)")
+
+
+def _max_length(value) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"max_length={value!r} in --model_args of --model {NAME}: give a whole number of tokens "
+                          "(every member's window when scoring), or leave it out for each member's own")
+    return value
+
+
+class Windowed(AdaFuse):
+    """The ensemble whose scorer takes `max_length` as every member's window (lm-eval's max_length model argument;
+    None: each member's own)."""
+
+    def __init__(self, models, config: DecodeConfig, max_length: int | None):
+        super().__init__(models, config)
+        self.max_length = max_length
+
+    def scorer(self) -> Scorer:
+        scorer = super().scorer()
+        scorer.max_length = self.max_length
+        return scorer
+
+
 @register_model(NAME)
 class AdaFuseLM(LM):
     """generate_until through the fused decode: each request's `until` strings are its stop strings, its
@@ -57,10 +103,15 @@ class AdaFuseLM(LM):
 
     def __init__(self, models: str | Sequence[LoadedModel | str] | None = None,
                  concurrency: int = DEFAULT_CONCURRENCY, device: str | None = None, trust_remote_code: bool = False,
-                 batch_size=None, max_batch_size=None, **settings):
+                 batch_size=None, max_batch_size=None, max_length: int | None = None, is_greedy: bool | str = "auto",
+                 **settings):
         """`models`: "A+B" (lm-eval's model_args) or, from Python, a list of names or loaded models; default the
-        bundled pair. lm-eval's batch_size / max_batch_size are unused: `concurrency` decodes run at once."""
+        bundled pair. lm-eval's batch_size / max_batch_size are unused: `concurrency` decodes run at once.
+        `max_length`: every member's window when scoring (as `hf` takes it); default each member's own. `is_greedy`:
+        which contexts a fused decode says is_greedy for, with several members (auto, true, false: the module's
+        docstring)."""
         super().__init__()
+        self.max_length, self.is_greedy = _max_length(max_length), _is_greedy(is_greedy)
         if isinstance(models, str):
             models = [n.strip() for n in models.split(SEPARATOR)]
         names = list(models or DEFAULT_PAIR)
@@ -96,19 +147,31 @@ class AdaFuseLM(LM):
                 bar.update(1)
         return out
 
+    def decoded_contexts(self, requests) -> set[str]:
+        """The contexts whose fused decode says which continuations are greedy: none with one member (its argmax says)
+        or is_greedy=false, all with true; with auto, those of documents asking one continuation (and of requests that
+        name no document), not those of documents asking several (multiple choice)."""
+        if len(self.models) == 1 or self.is_greedy is False:
+            return set()
+        asked: dict[tuple, set] = {}
+        for r in requests:
+            asked.setdefault((r.task_name, r.doc_id), set()).add(r.idx)
+        return {r.args[0] for r in requests
+                if self.is_greedy is True or r.doc_id is None or len(asked[r.task_name, r.doc_id]) == 1}
+
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """Each (context, continuation): the fused log-likelihood — the weighted mean of the members' log-probabilities
         of the continuation, each in its own tokens with the boundary where lm-eval's `hf` model puts it
         (adafuse/scorer.py) — and whether it is greedy: with one member, every token its argmax (as `hf`); with
-        several, the fused decode of the context writes it. Continuations of one context are scored together,
-        `concurrency` contexts at a time."""
+        several, whether the fused decode of the context writes it, for the `decoded_contexts` (False for the others).
+        Continuations of one context are scored together, `concurrency` contexts at a time."""
         from tqdm import tqdm
-        ensemble = AdaFuse(self.models, self.config)
+        ensemble = Windowed(self.models, self.config, self.max_length)
         contexts: dict[str, list[int]] = {}
         for i, r in enumerate(requests):
             contexts.setdefault(r.args[0], []).append(i)
-        several = len(self.models) > 1
-        jobs = [functools.partial(ensemble.score, ctx, [requests[i].args[1] for i in idx], several)
+        several, decoded = len(self.models) > 1, self.decoded_contexts(requests)
+        jobs = [functools.partial(ensemble.score, ctx, [requests[i].args[1] for i in idx], ctx in decoded)
                 for ctx, idx in contexts.items()]
         out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
         with tqdm(total=len(requests), desc="adafuse loglikelihood", disable=disable_tqdm) as bar:
@@ -121,10 +184,10 @@ class AdaFuseLM(LM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each whole text's fused log-likelihood from its start (each member over its own tokens, in windows of its
-        context size as lm-eval's `hf` model rolls them); lm-eval turns them into word and byte perplexity and bits
-        per byte."""
+        context size, or `max_length`, as lm-eval's `hf` model rolls them); lm-eval turns them into word and byte
+        perplexity and bits per byte."""
         from tqdm import tqdm
-        ensemble = AdaFuse(self.models, self.config)
+        ensemble = Windowed(self.models, self.config, self.max_length)
         jobs = [functools.partial(ensemble.score_rolling, r.args[0]) for r in requests]
         out = []
         with tqdm(total=len(requests), desc="adafuse loglikelihood_rolling", disable=disable_tqdm) as bar:
