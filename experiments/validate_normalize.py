@@ -1,7 +1,8 @@
-"""Per token against per word: which NLL averaging serves users as the default (issue 41). Decodes plain AdaFuse with
-each averaging (`adafuse` = per token, the paper's rule; `adafuse[normalize=word]` = per word) and each model alone on
-the validation lines (51–100) of every task with the bundled pair, and counts, beside each task's main metric, the
+"""Per token, per word or per byte: which NLL unit serves users as the default. Decodes plain AdaFuse with each unit
+(`adafuse` = per token, the paper's rule; `adafuse[normalize=word]`, `adafuse[normalize=byte]`) and each model alone
+on the validation lines (51–100) of every task with the bundled pair, and counts, beside each task's main metric, the
 answers a user would find broken: empty ones and run-on ones (the decode hit the word or token cap instead of ending).
+What newcomers type comes from bench/newcomers.py's stored runs (results/bench/newcomers-*.json).
 
     python -m experiments.validate_normalize                       # every task, lines 51-100 (GSM8K: --gsm8k-lines)
     python -m experiments.validate_normalize --tasks nq --per-task 5
@@ -23,7 +24,11 @@ from adafuse.harness.tasks import TASKS, VALIDATION_LINES, format_lines, parse_l
 
 from .validate_gates import NAMES, ROOT, STORE, WORK, decode_methods, load_rows
 
-TOKEN, WORD = "adafuse", "adafuse[normalize=word]"
+# each unit's eval method spec
+UNITS = {"token": "adafuse", "word": "adafuse[normalize=word]", "byte": "adafuse[normalize=byte]"}
+TOKEN, WORD, BYTE = UNITS.values()
+NAMED = {"token": "per token (the paper's rule)", "word": "per word", "byte": "per byte"}
+NEWCOMERS = ROOT / "results" / "bench"  # bench/newcomers.py --out newcomers-<way>.json
 RUN_ON = ("max_new_words", "max_new_tokens", "context full")
 OUT = STORE / "normalize.json"
 DOC = ROOT / "docs" / "defaults.md"
@@ -37,61 +42,84 @@ def _broken(row: dict) -> tuple[bool, bool]:
     return not row["prediction"].strip(), reason in RUN_ON
 
 
+def _diff(d: dict) -> dict:
+    return {k: round(d[k], 2) if isinstance(d[k], float) else d[k] for k in ("mean", "low", "high", "wins", "ties",
+                                                                              "losses")}
+
+
 def numbers(rows: list[dict]) -> dict:
-    """Per task, on the lines both averagings decoded: the main metric of each (and of each model alone), the paired
-    difference word − token with its 95 % bootstrap interval, and the empty and run-on answers of each; the same
-    pooled over tasks."""
+    """Per task, on the lines every unit decoded: the main metric of each (and of each model alone), each unit's paired
+    difference from per token with its 95 % bootstrap interval, and the empty and run-on answers of each; the same
+    pooled over tasks. Units with no rows are left out."""
     per_ex = per_example_scores(rows)
     by_key = {(r["task"], r["method"], r["line"]): r for r in rows}
-    tasks, pooled = {}, {"token": {}, "word": {}}
-    broken_total = {m: {"empty": 0, "run_on": 0} for m in ("token", "word")}
+    units = [u for u, m in UNITS.items() if any(k[1] == m for k in per_ex)]
+    tasks, pooled = {}, {u: {} for u in units}
+    broken_total = {u: {"empty": 0, "run_on": 0} for u in units}
     for t in TASKS:
-        tok, word = per_ex.get((t, TOKEN), {}), per_ex.get((t, WORD), {})
-        lines = sorted(set(tok) & set(word))
-        if not lines:
+        lines = sorted(set.intersection(*[set(per_ex.get((t, UNITS[u]), {})) for u in units])) if units else []
+        if not lines or "token" not in units:
             continue
         entry = {"metric": TASKS[t].main_metric, "n": len(lines), "lines": format_lines((lines[0], lines[-1]))}
-        for label, method in (("token", TOKEN), ("word", WORD)):
-            v = per_ex[(t, method)]
-            flags = [_broken(by_key[(t, method, i)]) for i in lines]
-            entry[label] = {"score": round(sum(v[i] for i in lines) / len(lines), 2),
-                            "empty": sum(e for e, _ in flags), "run_on": sum(r for _, r in flags)}
-            broken_total[label]["empty"] += entry[label]["empty"]
-            broken_total[label]["run_on"] += entry[label]["run_on"]
-            pooled[label].update({(t, i): v[i] for i in lines})
+        for u in units:
+            v = per_ex[(t, UNITS[u])]
+            flags = [_broken(by_key[(t, UNITS[u], i)]) for i in lines]
+            entry[u] = {"score": round(sum(v[i] for i in lines) / len(lines), 2),
+                        "empty": sum(e for e, _ in flags), "run_on": sum(r for _, r in flags)}
+            broken_total[u]["empty"] += entry[u]["empty"]
+            broken_total[u]["run_on"] += entry[u]["run_on"]
+            pooled[u].update({(t, i): v[i] for i in lines})
         for m in sorted(m for (tt, m) in per_ex if tt == t and m.startswith("greedy:")):
             v = per_ex[(t, m)]
             if all(i in v for i in lines):
                 entry.setdefault("alone", {})[m.removeprefix("greedy:")] = round(sum(v[i] for i in lines) / len(lines), 2)
-        d = paired_difference(word, tok)
-        entry["word_minus_token"] = {k: round(d[k], 2) if isinstance(d[k], float) else d[k]
-                                     for k in ("mean", "low", "high", "wins", "ties", "losses")}
+        entry["minus_token"] = {u: _diff(paired_difference({i: per_ex[(t, UNITS[u])][i] for i in lines},
+                                                           {i: per_ex[(t, TOKEN)][i] for i in lines}))
+                                for u in units if u != "token"}
         tasks[t] = entry
     if not tasks:
         return {"tasks": {}}
-    d = paired_difference(pooled["word"], pooled["token"])
     n = sum(e["n"] for e in tasks.values())
-    return {"tasks": tasks, "n": n, "pooled": {"word_minus_token": {
-        k: round(d[k], 2) if isinstance(d[k], float) else d[k] for k in ("mean", "low", "high", "wins", "ties", "losses")},
+    return {"tasks": tasks, "n": n, "units": units, "pooled": {
+        "minus_token": {u: _diff(paired_difference(pooled[u], pooled["token"])) for u in units if u != "token"},
         "broken": broken_total},
         "settings": "the bundled pair, τΔ=0.7, M=3, B=3, equal weights, each task's stop strings and word caps",
         "command": COMMAND}
 
 
-RULE = ("the averaging whose pooled main-metric difference on the tasks has a 95 % interval away from 0; when the "
-        "interval holds 0, the one with fewer broken answers (empty or run-on) on the tasks and on the bare questions "
-        "together")
+RULE = ("declared before the run: among the units whose pooled main-metric difference from per token on the tasks "
+        "has a 95 % interval not wholly below 0 (per token itself qualifies), the one whose fused answers to the "
+        "newcomers' questions (bench/newcomers.py: 30 questions of this project's own, as completions and as chat "
+        "messages, default settings) most often hold the answer without being empty or running on; a tie keeps per "
+        "token")
+
+
+def newcomer_numbers(folder: Path = NEWCOMERS) -> dict:
+    """From bench/newcomers.py's stored runs: per run label ("fused (token)", "<model> alone") and way, the questions
+    asked, those whose answer holds the answer, the empty and the run-on ones, and `answered` (holds, not empty, not
+    run on)."""
+    out: dict = {}
+    for path in sorted(folder.glob("newcomers-*.json")):
+        for r in json.loads(path.read_text(encoding="utf-8"))["rows"]:
+            e = out.setdefault(r["run"], {}).setdefault(r["way"], dict.fromkeys(
+                ("asked", "holds", "empty", "run_on", "answered"), 0))
+            e["asked"] += 1
+            e["holds"] += r["holds"]
+            e["empty"] += r["empty"]
+            e["run_on"] += r["run_on"]
+            e["answered"] += r["holds"] and not r["empty"] and not r["run_on"]
+    return out
 
 
 def choose(result: dict) -> str:
-    """The default `RULE` picks from `numbers` and `zero_shot_numbers`."""
-    d = result["pooled"]["word_minus_token"]
-    if d["low"] > 0 or d["high"] < 0:
-        return "word" if d["mean"] > 0 else "token"
-    zero = result.get("zero_shot", {})
-    broken = {m: sum(result["pooled"]["broken"][m].values()) + zero.get(m, {}).get("empty", 0)
-              + zero.get(m, {}).get("run_on", 0) for m in ("token", "word")}
-    return "word" if broken["word"] < broken["token"] else "token"
+    """The default `RULE` picks from `numbers` and `newcomer_numbers` (under "newcomers")."""
+    diffs = result["pooled"]["minus_token"]
+    eligible = ["token"] + [u for u, d in diffs.items() if d["high"] >= 0]
+    newcomers = result.get("newcomers", {})
+
+    def answered(u: str) -> int:
+        return sum(e["answered"] for e in newcomers.get(f"fused ({u})", {}).values())
+    return max(eligible, key=lambda u: (answered(u), u == "token"))
 
 
 # ---- zero-shot: the prompt a newcomer types into the app, the library or the server ----
@@ -163,67 +191,87 @@ def _signed(x: float) -> str:
     return f"{x:+.2f}".replace("-", "−")
 
 
+def _interval(d: dict) -> str:
+    return f"{_signed(d['mean'])} [{_signed(d['low'])}, {_signed(d['high'])}]"
+
+
 def table(result: dict) -> list[str]:
-    """docs/defaults.md's table: a row per task."""
-    out = ["| task | n | metric | per token | per word | word − token [95 % CI] | W/T/L | empty (token / word) "
-           "| run-on (token / word) | each model alone |", "|---|---|---|---|---|---|---|---|---|---|"]
+    """docs/defaults.md's table: a row per task, a column per unit, each other unit's difference from per token."""
+    units = result["units"]
+    others = [u for u in units if u != "token"]
+    out = ["| task | n | metric | " + " | ".join(f"per {u}" for u in units) + " | "
+           + " | ".join(f"{u} − token [95 % CI]" for u in others) + " | empty (" + " / ".join(units) + ") | run-on ("
+           + " / ".join(units) + ") | each model alone |", "|---" * (5 + len(units) + len(others)) + "|"]
     for t, e in result["tasks"].items():
-        d = e["word_minus_token"]
         alone = ", ".join(f"{m} {s:.1f}" for m, s in e.get("alone", {}).items())
-        out.append(f"| {NAMES.get(t, t)} ({e['lines']}) | {e['n']} | {e['metric']} | {e['token']['score']:.1f} | "
-                   f"{e['word']['score']:.1f} | {_signed(d['mean'])} [{_signed(d['low'])}, {_signed(d['high'])}] | "
-                   f"{d['wins']}/{d['ties']}/{d['losses']} | {e['token']['empty']} / {e['word']['empty']} | "
-                   f"{e['token']['run_on']} / {e['word']['run_on']} | {alone} |")
+        out.append(f"| {NAMES.get(t, t)} ({e['lines']}) | {e['n']} | {e['metric']} | "
+                   + " | ".join(f"{e[u]['score']:.1f}" for u in units) + " | "
+                   + " | ".join(_interval(e["minus_token"][u]) for u in others) + " | "
+                   + " / ".join(str(e[u]["empty"]) for u in units) + " | "
+                   + " / ".join(str(e[u]["run_on"]) for u in units) + f" | {alone} |")
     p = result["pooled"]
-    d = p["word_minus_token"]
-    b = p["broken"]
-    out.append(f"| all | {result['n']} | 0–100 | | | {_signed(d['mean'])} [{_signed(d['low'])}, {_signed(d['high'])}] "
-               f"| {d['wins']}/{d['ties']}/{d['losses']} | {b['token']['empty']} / {b['word']['empty']} | "
-               f"{b['token']['run_on']} / {b['word']['run_on']} | |")
+    out.append(f"| all | {result['n']} | 0–100 | " + " | " * (len(units) - 1) + " | "
+               + " | ".join(_interval(p["minus_token"][u]) for u in others) + " | "
+               + " / ".join(str(p["broken"][u]["empty"]) for u in units) + " | "
+               + " / ".join(str(p["broken"][u]["run_on"]) for u in units) + " | |")
+    return out
+
+
+def newcomer_table(newcomers: dict) -> list[str]:
+    out = ["| run | way | asked | holds the answer | empty | run on | answered (holds, not empty, not run on) |",
+           "|---|---|---|---|---|---|---|"]
+    for run, ways in newcomers.items():
+        for way, e in ways.items():
+            out.append(f"| {run} | {way} | {e['asked']} | {e['holds']} | {e['empty']} | {e['run_on']} | "
+                       f"{e['answered']} |")
     return out
 
 
 def document(result: dict) -> str:
     """docs/defaults.md: the measurement behind `DecodeConfig.normalize`'s default, from `result`."""
-    z = result["zero_shot"]
-    d = result["pooled"]["word_minus_token"]
-    chosen = {"token": "per token (the paper's rule)", "word": "per word"}[result["chosen"]]
+    z = result.get("zero_shot", {})
     zrows = [f"| per {m} | {z[m]['n']} | {z[m]['holds_gold']} | {z[m]['empty']} | {z[m]['run_on']} | "
-             f"{z[m]['mean_words']} |" for m in ("token", "word") if m in z]
+             f"{z[m]['mean_words']} |" for m in UNITS if m in z]
+    pooled = "; ".join(f"per {u} − per token {_interval(d)}" for u, d in result["pooled"]["minus_token"].items())
     return "\n".join([
-        "# The default NLL averaging: per token or per word",
+        "# The default NLL unit: per token, per word or per byte",
         "",
         f"*Written by `{COMMAND}` from results/validation/normalize.json; do not edit by hand.*",
         "",
-        "AdaFuse scores a candidate by each model's NLL of it, averaged before the models are fused. The paper averages",
-        "over the candidate's tokens (in each model's own tokenization); this project also offers averaging over its",
-        "words (`normalize=\"word\"`, the end of the answer counting as one word). One default is shared by the",
-        "library (`DecodeConfig`), the command line, `adafuse serve`, lm-eval's model_args and the app, and it was",
-        "chosen by this measurement.",
+        "AdaFuse scores a candidate by each model's NLL of it, divided by its length before the models are fused. The",
+        "paper divides by the candidate's tokens (in each model's own tokenization); this project also offers its words",
+        "(`normalize=\"word\"`, the end of the answer counting as one word) and its UTF-8 bytes (`normalize=\"byte\"`,",
+        "the same count for every model, the end counting as one). One default is shared by the library",
+        "(`DecodeConfig`), the command line, `adafuse serve`, lm-eval's model_args and the app, and it was chosen by this",
+        "measurement; per token stays one setting away (`normalize=\"token\"`), as the paper's rule.",
         "",
-        f"**Chosen: {chosen}.** Rule: {result['rule']}.",
+        f"**Chosen: {NAMED[result['chosen']]}.** Rule ({result['rule']}).",
         "",
         f"## The tasks' validation lines ({result['settings']})",
         "",
         *table(result),
         "",
-        f"Pooled over {result['n']} examples (main metric on a 0–100 scale), per word − per token: "
-        f"{_signed(d['mean'])} [{_signed(d['low'])}, {_signed(d['high'])}] (95 % paired bootstrap). 'empty': no "
-        "answer; 'run-on': the word or token cap stopped it, not the answer's end. GSM8K decodes take about 75 s each "
-        f"here, so it has a shorter stretch of its validation lines ({GSM8K_LINES}).",
+        f"Pooled over {result['n']} examples (main metric on a 0–100 scale, 95 % paired bootstrap): {pooled}. 'empty': "
+        "no answer; 'run-on': the word or token cap stopped it, not the answer's end. GSM8K decodes take about 75 s "
+        f"each here, so it has a shorter stretch of its validation lines ({GSM8K_LINES}).",
         "",
-        f"## The same questions asked bare ({z.get('settings', '')})",
+        "## What newcomers type (`python -m bench.newcomers`, default settings)",
         "",
-        f"NQ and TriviaQA validation questions as `{z.get('prompt', '').encode('unicode_escape').decode()}`, with no "
-        "worked example: what a newcomer types into the app, the library or the server.",
+        "30 common-knowledge questions of this project's own (bench/newcomers.py), as a completion (`Question: …\\n"
+        "Answer:` with the `\\n` stop the app proposes) and as a chat message (each model's chat template, no stop); "
+        "an answer holds the answer when one of the question's aliases is inside it (normalized text).",
         "",
-        "| averaging | questions | answer holds a gold answer | empty | run-on | mean words |",
-        "|---|---|---|---|---|---|",
-        *zrows,
+        *newcomer_table(result.get("newcomers", {})),
         "",
-        "Per word, the end of the answer is one word with its own NLL, and on a bare question ending at once often beats "
-        "every first word; per token, a word with an unsure first token and a sure tail (\" 1.\") can win and start "
-        "a list. docs/weights-and-gates.md's *NLL per word* shows one bare question where per word is right.",
+        *([f"## NQ and TriviaQA questions asked bare ({z.get('settings', '')}; an earlier run, per token and per word)",
+           "",
+           "| unit | questions | answer holds a gold answer | empty | run-on | mean words |",
+           "|---|---|---|---|---|---|",
+           *zrows, ""] if zrows else []),
+        "Per token, a candidate with an unsure first token and a near-certain tail (\" 1.\") is cheap per token and can "
+        "start a list; per word, the end of the answer is one word with its own NLL and often wins at once (empty "
+        "answers); per byte, a whole word's NLL is spread over its letters, so neither a sure tail nor ending early "
+        "is favoured the way the other units favour them.",
         "",
     ])
 
@@ -241,13 +289,14 @@ def main(argv=None) -> int:
     if not args.numbers_only:
         for t in args.tasks:
             lines = args.gsm8k_lines if t == "gsm8k" else args.lines
-            decode_methods([TOKEN, WORD, "greedy"], [t], lines, args.per_task, concurrency=args.concurrency)
+            decode_methods([*UNITS.values(), "greedy"], [t], lines, args.per_task, concurrency=args.concurrency)
     if not args.numbers_only and not args.skip_zero_shot:
         decode_zero_shot(per_task=args.per_task, concurrency=args.concurrency)
     result = numbers(load_rows())
     if not result["tasks"]:
-        print("no task has both averagings yet")
+        print("no task has per token and another unit yet")
         return 1
+    result["newcomers"] = newcomer_numbers()
     result["zero_shot"] = zero_shot_numbers(_read(WORK / "zero-shot" / "rows.jsonl")
                                             or _read(STORE / "zero-shot" / "rows.jsonl.gz"))
     result["chosen"], result["rule"] = choose(result), RULE
@@ -255,6 +304,7 @@ def main(argv=None) -> int:
     DOC.write_text(document(result))
     print(f"{OUT.relative_to(ROOT)}, {DOC.relative_to(ROOT)}: chosen per {result['chosen']}")
     print("\n".join(table(result)))
+    print("\n".join(newcomer_table(result["newcomers"])))
     print("zero-shot:", json.dumps(result["zero_shot"], ensure_ascii=False))
     return 0
 

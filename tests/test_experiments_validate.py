@@ -115,9 +115,11 @@ def test_the_docs_and_the_shipped_gate_files_say_the_same_validated_numbers():
         assert v["summary"].startswith("helps" if v["helps"] else "experimental")
 
 
-def test_the_default_averaging_is_chosen_by_quality_then_by_broken_answers():
-    """experiments/validate_normalize.py on hand-built rows: per task and pooled, per word − per token on the lines both
-    decoded, the empty and run-on answers of each, and the rule that picks the default."""
+def test_the_default_unit_is_the_one_not_worse_on_the_tasks_that_answers_the_most_newcomers(tmp_path):
+    """experiments/validate_normalize.py on hand-built rows: per task and pooled, each unit − per token on the lines
+    every unit decoded, the empty and run-on answers of each, the newcomers' answers from bench/newcomers.py's files,
+    and the declared rule that picks the default."""
+    import json
     from experiments import validate_normalize as vn
 
     def rows(task, method, scores, outputs, reasons):
@@ -125,19 +127,27 @@ def test_the_default_averaging_is_chosen_by_quality_then_by_broken_answers():
                  "trace": {"stop_reason": r}} for i, (s, o, r) in enumerate(zip(scores, outputs, reasons))]
     token = rows("nq", vn.TOKEN, [1.0, 0.0, 0.0], ["a", "b", "1. 2."], ["eos", "eos", "max_new_words"])
     word = rows("nq", vn.WORD, [1.0, 0.0, 1.0, 1.0], ["a", "", "c", "d"], ["eos", "eos", "eos", "eos"])
-    r = vn.numbers(token + word)
+    byte = rows("nq", vn.BYTE, [0.0, 0.0, 0.0], ["x", "y", "z"], ["eos", "eos", "eos"])
+    r = vn.numbers(token + word + byte)
     nq = r["tasks"]["nq"]
     assert (nq["n"], nq["token"], nq["word"]) == (3, {"score": 33.33, "empty": 0, "run_on": 1},
                                                   {"score": 66.67, "empty": 1, "run_on": 0})
-    assert nq["word_minus_token"]["wins"] == 1 and r["pooled"]["broken"]["token"] == {"empty": 0, "run_on": 1}
-    r["pooled"]["word_minus_token"].update(low=-1.0, high=50.0)  # the interval holds 0: broken answers decide
-    r["zero_shot"] = {"token": {"empty": 0, "run_on": 3}, "word": {"empty": 1, "run_on": 0}}
+    assert nq["minus_token"]["word"]["wins"] == 1 and nq["minus_token"]["byte"]["losses"] == 1
+    assert r["pooled"]["broken"]["token"] == {"empty": 0, "run_on": 1}
+    newcomer = [{"question": "q", "way": "chat", "run": f"fused ({u})", "answer": "a", "holds": h, "empty": False,
+                 "run_on": ro} for u, h, ro in (("token", True, True), ("word", True, False), ("byte", True, False),
+                                                ("byte", False, False))]
+    (tmp_path / "newcomers-chat.json").write_text(json.dumps({"rows": newcomer}))
+    r["newcomers"] = vn.newcomer_numbers(tmp_path)
+    assert r["newcomers"]["fused (token)"]["chat"] == {"asked": 1, "holds": 1, "empty": 0, "run_on": 1, "answered": 0}
+    r["pooled"]["minus_token"]["word"].update(low=-1.0, high=50.0)  # not worse: eligible
+    r["pooled"]["minus_token"]["byte"].update(low=-9.0, high=-1.0)  # worse on the tasks: out, whatever newcomers say
     assert vn.choose(r) == "word"
-    r["zero_shot"]["word"]["empty"] = 9
-    assert vn.choose(r) == "token"
-    r["pooled"]["word_minus_token"].update(mean=-5.0, low=-9.0, high=-1.0)  # quality decides where it can
-    r["zero_shot"]["word"]["empty"] = 0
-    assert vn.choose(r) == "token"
+    r["pooled"]["minus_token"]["word"].update(low=-9.0, high=-1.0)
+    assert vn.choose(r) == "token"  # the tasks rule both out
+    r["pooled"]["minus_token"]["byte"].update(low=-2.0, high=3.0)
+    assert vn.choose(r) == "byte"
+    assert "| fused (byte) | chat | 2 | 1 | 0 | 0 | 1 |" in vn.document({**r, "chosen": "byte", "rule": vn.RULE})
     zero = vn.zero_shot_numbers([
         {"task": "nq", "line": 51, "normalize": "token", "output": " The 18 years", "gold": ["18"], "stop_reason": "eos"},
         {"task": "nq", "line": 51, "normalize": "word", "output": "", "gold": ["18"], "stop_reason": "eos"}])
