@@ -1,49 +1,31 @@
 """The decoding methods by name, each with its own frozen settings, and the specs that name a method with them.
 
-A method class registers itself once (`@register`, in adafuse/methods.py) under its `name`, with a `Settings` frozen
-dataclass of its own settings (`MethodSettings`: every field ranged and checked, the error naming it). A spec is how a
-user names a method with settings, in every entry point (the CLI, the evaluation harness, lm-eval's model_args, the
-server, the app, `DecodeConfig.method`):
+A method class (adafuse/methods.py) has a `name` and a `Settings` frozen dataclass of its own settings
+(`MethodSettings`: every field ranged and checked, the error naming it). The registry holds the built-in methods from
+the start (`methods.BUILT_IN`) and any method added with `@register`. A spec is how a user names a method with
+settings, in every entry point (the CLI, the evaluation harness, lm-eval's model_args, the server, the app,
+`DecodeConfig.method`):
 
     "adafuse"   "fixed-span-2"   "mixture[seed=3,temperature=0.5]"   "token-union[union_top_k=10]"
 
-`name-N` sets the method's `suffix` setting (fixed-span's span_words); brackets set any of its settings. `to_spec`
-writes the shortest spec back (settings at their defaults left out), so equal settings have one spec.
+`name-N` sets the method's `suffix` setting (fixed-span's span_words); brackets set any of its settings
+(`parse_spec` reads that grammar for every entry point). `to_spec` writes the shortest spec back (settings at their
+defaults left out), so equal settings have one spec.
 """
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import Field, fields
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .methods import BUILT_IN, MethodSettings, setting
+
+__all__ = ["METHODS", "MethodSettings", "canonical", "from_spec", "legacy", "method_class", "method_specs",
+           "own_settings", "parse_spec", "register", "setting", "setting_names", "to_spec", "value"]
 
 METHODS: dict[str, type] = {}  # name -> method class, in the order they registered
 _SPEC = re.compile(r"^(?P<name>[a-z][a-z\-]*?)(?:-(?P<n>\d+))?(?:\[(?P<args>[^\]]*)\])?$")
-
-
-@dataclass(frozen=True)
-class MethodSettings:
-    """A method's own settings. Each field's metadata: `range` (low, high) and `help` (what it does, for the CLI's
-    flags and the docs); a field with a range holds a whole number when its default is one, else any number."""
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value, (low, high) = getattr(self, f.name), f.metadata["range"]
-            whole = isinstance(f.default, int)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)) \
-                    or math.isnan(value) or not low <= value <= high:
-                kind = "a whole number" if whole else "a number"
-                raise ConfigError(f"{f.name}={value!r} is invalid: use {kind} from {low} to {high} "
-                                  f"(default {f.default})")
-            if not whole:
-                object.__setattr__(self, f.name, float(value))
-
-
-def setting(default, low, high, help: str):
-    """A field of a method's settings (see `MethodSettings`)."""
-    return field(default=default, metadata={"range": (low, high), "help": help})
 
 
 def register(cls: type) -> type:
@@ -52,6 +34,10 @@ def register(cls: type) -> type:
         raise ValueError(f"method {cls.name!r} is registered twice")
     METHODS[cls.name] = cls
     return cls
+
+
+for _built_in in BUILT_IN:
+    register(_built_in)
 
 
 def method_class(name: str) -> type:
@@ -91,23 +77,33 @@ def value(raw: str):
             return raw.strip()
 
 
-def from_spec(spec: str, **given: Any) -> tuple[type, MethodSettings]:
-    """The method class and its settings a spec names; `given` (a method's own settings by name, e.g. from a CLI flag
-    or a request) override the spec's. ConfigError for an unknown method or a setting it does not have."""
+def parse_spec(spec: str) -> tuple[str, list[tuple[str, str]]]:
+    """A spec's parts as written: the method (its name with any "-N": "fixed-span-2") and the settings in its brackets
+    as (name, text) pairs, in order. ConfigError for text that is no spec or a setting without "=value"."""
     m = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
     if m is None:
         raise ConfigError(f"method={spec!r} is invalid: use one of {', '.join(method_specs())}, optionally with its "
                           "settings in brackets, e.g. mixture[seed=3]")
-    name, n = m.group("name"), m.group("n")
-    if n is not None and not getattr(METHODS.get(name), "suffix", None):
-        name, n = spec.strip().partition("[")[0], None  # "adafuse-2": no such method, named as written
-    cls = method_class(name)
-    values: dict[str, Any] = {cls.suffix: int(n)} if n is not None else {}
+    pairs = []
     for part in filter(None, (m.group("args") or "").split(",")):
         key, eq, raw = part.partition("=")
         if not eq:
-            raise ConfigError(f"method={spec!r} is invalid: write its settings as name=value, e.g. {cls.name}[...=1]")
-        values[key.strip()] = value(raw)
+            raise ConfigError(f"method={spec!r} is invalid: write its settings as name=value, e.g. "
+                              f"{m.group('name')}[...=1]")
+        pairs.append((key.strip(), raw))
+    return spec.strip().partition("[")[0], pairs
+
+
+def from_spec(spec: str, **given: Any) -> tuple[type, MethodSettings]:
+    """The method class and its settings a spec names; `given` (a method's own settings by name, e.g. from a CLI flag
+    or a request) override the spec's. ConfigError for an unknown method or a setting it does not have."""
+    head, pairs = parse_spec(spec)
+    name, _, n = head.rpartition("-")
+    if not (n.isdigit() and getattr(METHODS.get(name), "suffix", None)):
+        name, n = head, ""  # "adafuse-2": no such method, named as written
+    cls = method_class(name)
+    values: dict[str, Any] = {cls.suffix: int(n)} if n else {}
+    values.update((key, value(raw)) for key, raw in pairs)
     values.update(given)
     own = {f.name for f in fields(cls.Settings)}
     for key, v in values.items():

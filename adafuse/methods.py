@@ -1,7 +1,8 @@
-"""Decoding methods: one registry by name, one object per decode, each deciding what its models do in a round.
+"""Decoding methods: one object per decode, each deciding what its models do in a round.
 
-Each method class registers itself once (`@register`, adafuse/method_registry.py) under its `name`, with its own frozen
-`Settings`; `DecodeConfig.method` is a spec naming one ("fixed-span-2", "mixture[seed=3]"). The decoder makes one
+Each method class has a `name` and its own frozen `Settings` (a `MethodSettings`); the registry
+(adafuse/method_registry.py) lists the built-in ones (`BUILT_IN`) and any registered later, and `DecodeConfig.method` is
+a spec naming one ("fixed-span-2", "mixture[seed=3]"). The decoder makes one
 object per decode (`make_method`) and hands it a `RoundContext` each round, never its own internals; the CLI, the
 harness, lm-eval, the server and the app read the same registry. The decoder runs every method the same way: the models the
 method lets act this round propose (`propose`), the pool is the union of their proposals, and every model scores it
@@ -13,31 +14,54 @@ import bisect
 import itertools
 import math
 import random
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Sequence
 
 import torch
 
 from .candidates import Proposal, beam, explore, greedy_span, sample_word
 from .errors import ConfigError
-from .method_registry import MethodSettings, register, setting
 from .selection import check_exploration
 from .trace import Candidate, ModelStep, StepMode
 from .view import ModelView
 from .words import count_words
 from .writer import best_token, end_logprob, margin
 
-if TYPE_CHECKING:
-    from .config import DecodeConfig
+# A decode's settings: a `DecodeConfig` (adafuse/config.py), named here without importing it — the config reads the
+# method registry, which holds these methods, so an import back (even for type checkers) would close a circle.
+Config = Any
 
 MAX_MODELS = 4  # the most models an ensemble decodes
+
+
+@dataclass(frozen=True)
+class MethodSettings:
+    """A method's own settings. Each field's metadata: `range` (low, high) and `help` (what it does, for the CLI's
+    flags and the docs); a field with a range holds a whole number when its default is one, else any number."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value, (low, high) = getattr(self, f.name), f.metadata["range"]
+            whole = isinstance(f.default, int)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)) \
+                    or math.isnan(value) or not low <= value <= high:
+                kind = "a whole number" if whole else "a number"
+                raise ConfigError(f"{f.name}={value!r} is invalid: use {kind} from {low} to {high} "
+                                  f"(default {f.default})")
+            if not whole:
+                object.__setattr__(self, f.name, float(value))
+
+
+def setting(default, low, high, help: str):
+    """A field of a method's settings (see `MethodSettings`)."""
+    return field(default=default, metadata={"range": (low, high), "help": help})
 
 
 @dataclass
 class RoundContext:
     """What a method sees of the decode in one round: the models' views and plain values for the round, never a way
     back into the decoder (methods run on the models' worker threads)."""
-    config: "DecodeConfig"
+    config: Config
     views: list[ModelView]                  # each model's view, in the decode's model order
     names: list[str]                        # the models' names in the trace (a model given twice: "m", "m#2")
     output: str                             # the text committed so far
@@ -75,7 +99,7 @@ class Method:
     overlaps = True   # models sharing the CPU may run side by side (False: one works at a time, they take turns)
     weighted = True   # `DecodeConfig.weights` (or a gate) enters the fused score of the pool
 
-    def __init__(self, config: "DecodeConfig"):
+    def __init__(self, config: Config):
         """Per-decode state from the settings the decode starts with (its own: `self.settings`)."""
         self.settings = config.method_settings
 
@@ -85,7 +109,7 @@ class Method:
         return cls.label.format(**{f: getattr(settings, f) for f in settings.__dataclass_fields__})
 
     @classmethod
-    def check(cls, models: Sequence, config: "DecodeConfig") -> None:
+    def check(cls, models: Sequence, config: Config) -> None:
         """Raise ConfigError, before any model prefills (and on a change of settings), for settings these models
         cannot decode with."""
 
@@ -126,7 +150,6 @@ class Method:
         return candidate.words if text == candidate.text else min(candidate.words, count_words(text))
 
 
-@register
 class AdaFuseMethod(Method):
     """Confident models (Δ ≥ τ) commit a greedy span of up to M words; uncertain ones explore B first tokens chosen by
     `exploration` (distinct surface forms, or probability against redundancy in embedding space) or, with `diversity`
@@ -160,7 +183,6 @@ class AdaFuseMethod(Method):
         return Proposed(beam(s, cfg.branches, cfg.explore_top_k, cfg.max_word_tokens), StepMode.BEAM, [delta])
 
 
-@register
 class Greedy(Method):
     """One model alone, word by word, through the same machinery."""
     name = "greedy"
@@ -174,7 +196,6 @@ class Greedy(Method):
         return Proposed([p], StepMode.GREEDY, margins)
 
 
-@register
 class Beam(AdaFuseMethod):
     """AdaFuse with diversity off: an uncertain model runs a width-B beam search over the word (the paper's
     ablation)."""
@@ -189,7 +210,6 @@ class SpanSettings(MethodSettings):
     span_words: int = setting(1, 1, 64, "n: the words every model proposes in a round")
 
 
-@register
 class FixedSpan(Method):
     """Every model proposes its greedy span of exactly n words (SweetSpan-like); the pool is scored."""
     name = "fixed-span"
@@ -211,7 +231,6 @@ class UnionSettings(MethodSettings):
     union_top_k: int = setting(5, 1, 1000, "k: each model's top-k next tokens enter the union")
 
 
-@register
 class TokenUnion(Method):
     """UniTE-style: the union (by decoded text) of every model's top-k next tokens, each scored by the probability
     every model gives that text as one token (0 if it cannot), averaged over models."""
@@ -277,7 +296,6 @@ class MixtureSettings(MethodSettings):
     temperature: float = setting(1.0, 0.0, 10.0, "the drawn model samples its word at this temperature (0: greedily)")
 
 
-@register
 class Mixture(Method):
     """Word-level mixture of experts (ME): each round one model, drawn with `weights` and `seed`, writes the next word
     by sampling at `temperature` (0: greedily). No other model proposes or scores; the others catch up with one
@@ -331,10 +349,12 @@ def draw_writer(u: float, count: int, weights) -> int:
     return bisect.bisect(cum, u * cum[-1], 0, count - 1)
 
 
+# the methods this package defines, in the order the entry points list them (the registry holds them and any other)
+BUILT_IN = (AdaFuseMethod, Greedy, Beam, FixedSpan, TokenUnion, Mixture)
 # what an evaluation runs unless told: AdaFuse against each model alone
 BASELINE = (AdaFuseMethod.name, Greedy.name)
 
 
-def make_method(config: "DecodeConfig") -> Method:
+def make_method(config: Config) -> Method:
     """The method object of one decode."""
     return config.method_class(config)

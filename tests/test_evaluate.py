@@ -29,6 +29,20 @@ def test_method_specs():
         ("adafuse+gate", {"method": "adafuse", "gate": "assets/gates/qa.json"})]
 
 
+@pytest.mark.parametrize("spec", ["vote", "adafuse-2", "mixture[seed]", "fixed-span-x[tau=0.5]", "adafuse[a=1]b"])
+def test_a_bad_method_spec_is_worded_as_the_registry_words_it(spec):
+    """The harness reads a spec with the registry's grammar (`parse_spec`), so a spec it refuses is refused with the
+    registry's own words (the harness adds only `:MODEL` and decoding settings in the brackets)."""
+    with pytest.raises(ConfigError) as registry:
+        DecodeConfig(method=spec)
+    with pytest.raises(ConfigError) as harness:
+        parse_methods([spec], ["a", "b"])
+    assert str(harness.value) == str(registry.value)
+    with pytest.raises(ConfigError, match=r"name the model after the colon"):
+        parse_methods(["greedy:"], ["a", "b"])
+    assert [r.label for r in parse_methods(["greedy:b[tau=0.5]"], ["a", "b"])] == ["greedy:b"]
+
+
 def test_a_method_spec_sets_exploration():
     run = parse_methods(["adafuse[exploration=embedding,branches=2]"], ["x", "y"])[0]
     assert run.settings == {"method": "adafuse", "exploration": "embedding", "branches": 2}
@@ -78,7 +92,7 @@ def test_eval_cli_writes_incrementally_and_resumes(tmp_path, capsys):
     assert "| nq | greedy:smollm2-135m-instruct | 2 |" in (tmp_path / "out" / "summary.md").read_text()
     assert main(args[:-5] + ["--methods", "vote", "--out", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err
-    assert "unknown method" in err and "Traceback" not in err
+    assert "method='vote' is invalid: use one of" in err and "Traceback" not in err
 
 
 @pytest.mark.unit

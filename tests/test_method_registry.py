@@ -136,3 +136,20 @@ def test_the_server_folds_a_requests_method_setting_into_the_servers_method():
     base = DecodeConfig(method="fixed-span-2")
     req = CompletionRequest(model="m", prompt="Q", adafuse={"span_words": 3})
     assert request_settings(req, base, Limits(name="m", members=2), None)[0].method == "fixed-span-3"
+
+
+def test_the_registry_alone_holds_every_built_in_method():
+    """Importing adafuse.method_registry by itself (not through the package, whose __init__ imports the decoder) gives
+    the full registry: the registry lists the built-in methods, no other module has to be imported first."""
+    import subprocess
+    import sys
+    code = ("import importlib.util, sys, types\n"
+            "pkg = types.ModuleType('adafuse')\n"
+            "pkg.__path__ = list(importlib.util.find_spec('adafuse').submodule_search_locations)\n"
+            "sys.modules['adafuse'] = pkg  # the package without its __init__\n"
+            "import adafuse.method_registry as registry\n"
+            "assert 'adafuse.decoder' not in sys.modules\n"
+            "print(','.join(registry.METHODS))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [",".join(METHODS)] and METHODS.keys() >= {"adafuse", "greedy", "mixture"}

@@ -13,15 +13,13 @@ from pathlib import Path
 
 from ..config import DecodeConfig
 from ..ensemble import AdaFuse
-from ..method_registry import canonical, from_spec, method_specs, own_settings, value
+from ..method_registry import canonical, from_spec, own_settings, parse_spec, value
 from ..errors import ConfigError
 from ..many import check_concurrency, run_many
 from ..models import ModelRegistry, default_registry
 from .figures import word_shares
 from .metrics import corpus_scores
 from .tasks import TASKS, Task, data_dir as find_data_dir, read_examples
-
-_SPEC = re.compile(r"^(?P<name>[a-z\-]+(?:-\d+)?)(?::(?P<model>[^\[]+))?(?:\[(?P<args>[^\]]*)\])?$")
 
 
 @dataclass
@@ -54,25 +52,21 @@ def parse_methods(specs: list[str], models: list[str]) -> list[MethodRun]:
         named = bool(eq) and "[" not in label and re.fullmatch(r"[\w+.:-]+", label) is not None
         if named:
             spec = rest
-        m = _SPEC.match(spec.strip())
-        try:
-            cls, _ = from_spec(m.group("name") if m else spec)
-        except ConfigError as exc:
-            if not str(exc).startswith("method="):  # a known method with a bad setting: that error
-                raise
-            raise ConfigError(f"unknown method {spec!r}: use one of {', '.join(method_specs())}, optionally with "
-                              "settings such as adafuse[branches=5,tau=0.5]") from None
+        head, bracket, args = spec.strip().partition("[")
+        name, colon, model = head.partition(":")  # greedy:MODEL: one model alone
+        if colon and not model.strip():
+            raise ConfigError(f"method={spec!r} is invalid: name the model after the colon, e.g. greedy:MODEL")
+        method, pairs = parse_spec(name + bracket + args)
+        cls, _ = from_spec(method)
         settings, own = {}, {}
-        for part in filter(None, (m.group("args") or "").split(",")):
-            key, _, raw = part.partition("=")
-            if key.strip() == "method":
+        for key, raw in pairs:
+            if key == "method":
                 raise ConfigError(f"method in the settings of {spec!r}: the method is the spec's name, e.g. "
                                   "mixture[seed=3]")
-            (own if key.strip() in own_settings() else settings)[key.strip()] = setting_value(key.strip(), raw,
-                                                                                               repr(spec))
-        settings = {"method": canonical(m.group("name"), **own), **settings}  # the method's own in its spec
+            (own if key in own_settings() else settings)[key] = setting_value(key, raw, repr(spec))
+        settings = {"method": canonical(method, **own), **settings}  # the method's own in its spec
         if cls.models == (1, 1):  # a single-model method: one run per model
-            targets = [m.group("model")] if m.group("model") else models
+            targets = [model.strip()] if colon else models
             runs += [MethodRun(f"greedy:{t}", [t], settings) for t in targets]
         else:
             runs.append(MethodRun(label if named else spec.strip(), list(models), settings))
