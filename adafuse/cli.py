@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import NORMALIZATIONS, DecodeConfig
+from .config import NORMALIZATIONS, DecodeConfig, check_weights
 from .method_registry import METHODS, method_specs, own_settings
 from .methods import BASELINE
 from .errors import AdafuseError
@@ -138,13 +138,6 @@ def add_decode_args(p: argparse.ArgumentParser, **helps: str) -> None:
                               "the probe measures it faster)")
 
 
-def check_weights(weights, models) -> None:
-    """--weights against --models, before any model loads."""
-    if weights and len(weights) != len(models):
-        from .errors import ConfigError
-        raise ConfigError(f"--weights has {len(weights)} values for {len(models)} models: give one per model")
-
-
 def decode_config(args: argparse.Namespace, **fields) -> DecodeConfig:
     """The settings `add_decode_args` took (and `fields`), checked against --models before any model loads."""
     from .stops import parse_stops
@@ -156,8 +149,7 @@ def decode_config(args: argparse.Namespace, **fields) -> DecodeConfig:
                           thinking=args.thinking, weights=tuple(args.weights), gate=args.gate,
                           speculate=args.speculate, draft_lookup=not args.no_draft_lookup, normalize=args.normalize,
                           **own, **fields)
-    cfg.method_class.check_count(len(args.models))
-    check_weights(cfg.weights, args.models)
+    cfg.check_models(len(args.models))
     return cfg
 
 
@@ -183,7 +175,7 @@ def run_eval(args) -> int:
     base = {k: v for k, v in (("tau", args.tau), ("max_words", args.max_words), ("branches", args.branches),
                               ("max_new_words", args.max_new_words), ("speculate", args.speculate),
                               ("weights", tuple(args.weights) if args.weights else None)) if v is not None}
-    check_weights(args.weights, args.models)
+    check_weights(args.weights, len(args.models))
     DecodeConfig(**base)  # validate before loading anything
     runs = parse_methods(args.methods, args.models)
     check_concurrency(args.concurrency)

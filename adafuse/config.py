@@ -135,6 +135,12 @@ class DecodeConfig:
         """The method's own settings (its class's frozen `Settings`)."""
         return self._method[1]
 
+    def check_models(self, count: int) -> None:
+        """These settings against `count` models, before any loads: the method decodes with that many, and `weights`
+        has one per model."""
+        self.method_class.check_count(count)
+        check_weights(self.weights, count)
+
     @classmethod
     def of(cls, base: "DecodeConfig | None" = None, **values) -> "DecodeConfig":
         """Settings given flat, as a CLI, a request or lm-eval's model_args give them: DecodeConfig's fields and the
@@ -172,6 +178,12 @@ class DecodeConfig:
                 known[key] = tuple(known[key])
         known["method"] = method_registry.legacy(d)  # a method's own settings kept beside the others before
         return cls(**known)
+
+
+def check_weights(weights, count: int) -> None:
+    """Per-model weights against `count` models: none (equal weights) or one per model (ConfigError otherwise)."""
+    if weights and len(weights) != count:
+        raise ConfigError(f"weights has {len(weights)} values for {count} models: give one per model")
 
 
 def _history(history, bad) -> tuple[tuple[str, str], ...]:

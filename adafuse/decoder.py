@@ -297,9 +297,7 @@ class Decoding:
     def _check_settings(self, config: DecodeConfig, kind: type[Method], models: Sequence[LoadedModel]) -> None:
         """The settings' checks against these models, at the start of a decode and on every change of settings; a
         gate file is read and checked here once, and its rounds use that gate."""
-        if config.weights and len(config.weights) != len(models):
-            raise ConfigError(f"weights has {len(config.weights)} values for {len(models)} models: "
-                              "give one per model")
+        config.check_models(len(models))
         kind.check(models, config)
         self.fusion.read_gate(config)
 

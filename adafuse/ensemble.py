@@ -26,7 +26,7 @@ class AdaFuse:
         if isinstance(models, (str, LoadedModel)):
             models = [models]
         config = DecodeConfig.of(config, **settings) if settings or config is None else config
-        config.method_class.check_count(len(models))
+        config.check_models(len(models))  # before any model loads
         self.models = [get_model(m) if isinstance(m, str) else m for m in models]
         self.config = config
         self.parallel = parallel  # models side by side, one worker each (False: one after another; None: choose)

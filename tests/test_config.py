@@ -53,3 +53,33 @@ def test_a_conversation_history_is_checked_and_round_trips():
     for bad in ([("assistant", "A")], [("user", "Q")], [("user", "Q"), ("user", "Q")], "user", [("user", 3), ("assistant", "A")]):
         with pytest.raises(ConfigError, match="history=.*taking turns"):
             DecodeConfig(history=bad)
+
+
+def test_weights_that_do_not_match_the_models_are_refused_in_one_wording_everywhere(capsys):
+    """One check (`check_weights`, via `DecodeConfig.check_models`) for the library before any model loads, the CLI,
+    lm-eval's model and the server (which names the request's field)."""
+    from adafuse import AdaFuse
+    from adafuse.cli import build_parser, decode_config, main
+    from adafuse.harness.lm_eval_model import AdaFuseLM
+    from adafuse.server.requests import CompletionRequest, Limits, _settings
+    from adafuse.server.responses import ApiError
+    from tests.toy import toy_pair
+
+    said = "weights has 3 values for 2 models: give one per model"
+    cfg = DecodeConfig(weights=(1, 2, 3))
+    pair = list(toy_pair())
+    refusals = []
+    for attempt in (lambda: cfg.check_models(2), lambda: AdaFuse(pair, cfg),
+                    lambda: decode_config(build_parser().parse_args(["run", "--prompt", "Q", "--models", "a", "b",
+                                                                     "--weights", "1", "2", "3"])),
+                    lambda: AdaFuseLM(models=pair, weights="1/2/3")):
+        with pytest.raises(ConfigError) as err:
+            attempt()
+        refusals.append(str(err.value))
+    assert refusals == [said] * 4
+    assert main(["eval", "--task", "nq", "--models", "a", "b", "--weights", "1", "2", "3"]) == 2
+    assert capsys.readouterr().err.strip().endswith(said)
+    with pytest.raises(ApiError) as err:
+        _settings(CompletionRequest(model="m", prompt="Q", adafuse={"weights": [1, 2, 3]}), DecodeConfig(),
+                  Limits(name="m", members=2), None)
+    assert (err.value.message, err.value.param) == (said, "adafuse.weights")

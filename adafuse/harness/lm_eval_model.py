@@ -116,10 +116,7 @@ class AdaFuseLM(LM):
             models = [n.strip() for n in models.split(SEPARATOR)]
         names = list(models or DEFAULT_PAIR)
         self.config = DecodeConfig.of(**_settings(settings))  # checked before any model loads
-        self.config.method_class.check_count(len(names))
-        if self.config.weights and len(self.config.weights) != len(names):
-            raise ConfigError(f"weights has {len(self.config.weights)} values for {len(names)} models: give one per "
-                              "model")
+        self.config.check_models(len(names))
         self.concurrency = check_concurrency(concurrency)
         device = _device(device)
         registry = ModelRegistry()  # this model's members

@@ -137,9 +137,10 @@ def _settings(req: _Request, base: DecodeConfig, limits: Limits, max_tokens: int
         changes["max_new_tokens"] = max_tokens
     try:
         config = DecodeConfig.of(base, **changes)
-        config.method_class.check_count(limits.members)
+        config.check_models(limits.members)
     except (ConfigError, TypeError, ValueError) as exc:
-        m = re.match(r"(\w+)=", str(exc))  # the library's messages start with the setting: "tau=2 is invalid: ..."
+        # the library's messages start with the setting: "tau=2 is invalid: ...", "weights has 3 values ..."
+        m = re.match(r"(\w+)(?:=| has )", str(exc))
         param = REQUEST_FIELDS.get(m.group(1), f"adafuse.{m.group(1)}") if m else None
         message = str(exc) if not m or m.group(1) not in REQUEST_FIELDS else \
             REQUEST_FIELDS[m.group(1)] + str(exc)[len(m.group(1)):]
@@ -147,9 +148,6 @@ def _settings(req: _Request, base: DecodeConfig, limits: Limits, max_tokens: int
     if config.branches > limits.max_branches:
         raise bad(f"adafuse.branches={config.branches} is over this server's limit of {limits.max_branches} "
                   "(adafuse serve --max-branches): ask for fewer", "adafuse.branches")
-    if config.weights and len(config.weights) != limits.members:
-        raise bad(f"adafuse.weights has {len(config.weights)} values for {limits.members} models: give one per model",
-                  "adafuse.weights")
     return config, want_trace
 
 
