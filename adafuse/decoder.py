@@ -44,7 +44,7 @@ class Decoding:
         if not isinstance(prompt, str) or not prompt.strip():
             raise PromptError("the prompt is empty: type a question or pick an example")
         self.settings = LiveSettings(config)
-        self.fusion = Fusion(names, gated=kind.scores and len(models) > 1)
+        self.fusion = Fusion(names, kind)
         self._check_settings(config, kind, models)  # every check before any model prefills
         self.method: Method = make_method(config)
         t0 = time.perf_counter()
@@ -125,8 +125,7 @@ class Decoding:
                 (steps, candidates), cut, fused = own, frozenset(), None
         self.crew.ledger.charge(steps)
         winner = lowest([c.fused for c in candidates])
-        weights, feats = fused if fused is not None else \
-            (self.fusion.weights(self.config) if self.method.scores else {}, {})
+        weights, feats = fused if fused is not None else (self.fusion.weights(self.config), {})  # {}: none entered
         pending = Round(index=len(self.trace.rounds), steps=steps, candidates=candidates, chosen=winner, winner=winner,
                         text=candidates[winner].text, words=candidates[winner].words,
                         seconds=time.perf_counter() - t0, weights=weights, features=feats)

@@ -8,7 +8,7 @@ from typing import Iterable, Iterator, Sequence
 from .config import DecodeConfig
 from .errors import PromptError
 from .decoder import Decoding, unique_names
-from .gate import load_gate
+from .fusion import checked_gate
 from .models import LoadedModel, get_model
 from .many import DEFAULT_CONCURRENCY, run_many
 from .methods import Greedy
@@ -54,11 +54,7 @@ class AdaFuse:
     def scorer(self) -> Scorer:
         """Scores given text with these models, fused with this ensemble's weights or learned gate."""
         names = unique_names(self.models)
-        gate = None
-        if self.config.gate and len(self.models) > 1:
-            gate = load_gate(self.config.gate)
-            gate.check(names, self.config.normalize)
-        return Scorer(self.models, names, self.config.weights, gate, self.config.tau)
+        return Scorer(self.models, names, self.config.weights, checked_gate(self.config, names), self.config.tau)
 
     def score(self, context: str, continuations: Sequence[str], is_greedy: bool = False) -> list[Likelihood]:
         """How likely each model finds each continuation after `context`, each in its own tokens, and the fused

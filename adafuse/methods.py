@@ -246,6 +246,10 @@ class TokenUnion(Method):
         if k > vocab:
             raise ConfigError(f"union_top_k={k} is larger than a model's vocabulary ({vocab}): "
                               "use fewer")
+        if config.gate:  # weights never enter a plain mean (`weighted` False): a gate would be read and not used
+            raise ConfigError(f"gate={config.gate!r} is invalid with method {cls.name!r}: it averages the models' "
+                              "probabilities equally, so a learned gate has nothing to weigh; leave the gate empty or "
+                              "use a scored method (adafuse, beam, fixed-span)")
 
     def own_round(self, ctx):
         k = self.settings.union_top_k

@@ -167,3 +167,24 @@ def test_shipped_gates_carry_their_validation_on_lines_they_were_not_trained_on(
         first, last = (int(x) for x in v["lines"].split("-"))
         assert VALIDATION_LINES[0] <= first <= last <= VALIDATION_LINES[1] < TRAIN_OFFSET <= g.trained["offset"]
         assert g.summary.startswith("helps:" if g.helps else "experimental:")
+
+
+def test_the_scorer_takes_its_gate_where_the_decoder_does(tmp_path):
+    """One load-and-check (`fusion.checked_gate`): a gate enters where weights do (a method that weighs, two models or
+    more), for the decoder and the scorer alike, checked against the models and the averaging the same way; a mixture
+    never reads its gate when decoding, and its scorer fuses without it too."""
+    from adafuse.fusion import checked_gate
+    g = Gate.zeros(["a", "b"])
+    g.b = [0.0, 3.0]
+    path = write(tmp_path, g)
+    pair = list(toy_pair())
+    assert AdaFuse(pair, DecodeConfig(gate=path)).scorer().gate is not None
+    assert AdaFuse(pair, DecodeConfig(method="mixture", gate=path)).scorer().gate is None
+    assert checked_gate(DecodeConfig(method="mixture", gate=path), ["a", "b"]) is None
+    (paris,) = AdaFuse(pair, DecodeConfig(method="mixture", gate=path)).score("Q", [" Paris"])
+    assert paris.weights == {} and paris.fused == pytest.approx(sum(paris.logprob.values()) / 2)
+    word = write(tmp_path, Gate(["a", "b"], Gate.zeros(["a", "b"]).W, [0.0, 0.0], trained={"normalize": "word"}),
+                 "word.json")
+    for use in (lambda cfg: AdaFuse(pair, cfg).scorer(), lambda cfg: AdaFuse(pair, cfg).start("Q")):
+        with pytest.raises(GateError, match="averaged per word, not per token"):
+            use(DecodeConfig(gate=word))

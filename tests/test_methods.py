@@ -163,3 +163,20 @@ def test_token_union_keeps_a_model_given_twice_as_two_voters():
     assert all(set(c.nll) == {"a", "a#2"} for c in r.candidates)
     paris = next(c for c in r.candidates if c.text == " Paris")
     assert paris.fused == pytest.approx(-math.log((0.9 + 0.3) / 2))
+
+
+def test_token_union_refuses_a_gate_and_records_no_weights(tmp_path):
+    """Token union averages the models' probabilities equally: a learned gate is a typed error before any model
+    prefills (it would be read and never used), and its rounds record the weights they used: none, whatever the
+    settings' weights."""
+    from adafuse.gate import Gate
+    path = tmp_path / "gate.json"
+    Gate.zeros(["a", "b"]).save(path)
+    a, b = toy_pair()
+    with pytest.raises(ConfigError, match=r"gate=.* is invalid with method 'token-union'"):
+        AdaFuse([a, b], DecodeConfig(method="token-union", gate=str(path))).start("Q")
+    assert a.model.calls == b.model.calls == 0
+    tr = AdaFuse([a, b], DecodeConfig(method="token-union", weights=(1, 3), max_new_words=2)).generate("Q")
+    assert tr.rounds and all(r.weights == {} for r in tr.rounds)
+    _, scored = first_round(DecodeConfig(weights=(1, 3)))
+    assert scored.weights == {"a": 1.0, "b": 3.0}
