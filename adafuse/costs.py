@@ -14,7 +14,7 @@ COUNTERS = SPEC_COUNTERS + BATCH_COUNTERS
 
 def snapshot(s: ModelView) -> tuple:
     """A model's cost counters now: forward passes, tokens fed, seconds, cached prompt tokens, then COUNTERS."""
-    return (*s.stats(), *(getattr(s, key, 0) for key in COUNTERS))
+    return (*s.stats(), *(getattr(s, key) for key in COUNTERS))  # COUNTERS: fields of every ModelView
 
 
 class Ledger:

@@ -255,12 +255,21 @@ class Decoding:
         moving = [m for m, st in enumerate(r.steps) if not self.method.lazy or st.mode != StepMode.IDLE]
         with self._fatal():
             self.workers.map(lambda m: self.sessions[m].commit(new), moving)
-        current = [self.sessions[m] for m in moving]
         self.crew.ledger.charge(r.steps)
-        if max(len(s.ids) - s.prompt_tokens for s in current) >= cfg.max_new_tokens:
+        return self._limits(new, cfg)
+
+    def _limits(self, new: str, cfg: DecodeConfig) -> StopReason | None:
+        """Whether every model, moved or idle, can go on from `new`: its output tokens under `max_new_tokens`, and room
+        in its context window for a round's words. An idle model (a lazy method's) counts `new` in its own tokens as
+        its catch-up will read it; one catching up in the background (`CatchUps.busy`) counts without reading its
+        view's state (`ModelView.length`)."""
+        busy = self.catch_ups.busy()
+        sizes = [len(s.ids) if s.text == new else s.length(new) if m in busy else len(s.encode(new))
+                 for m, s in enumerate(self.sessions)]
+        if max(n - s.prompt_tokens for n, s in zip(sizes, self.sessions)) >= cfg.max_new_tokens:
             return StopReason.MAX_NEW_TOKENS
-        if any(s.lm.max_positions and len(s.ids) + cfg.max_word_tokens * cfg.max_words >= s.lm.max_positions
-               for s in current):
+        if any(s.lm.max_positions and n + cfg.max_word_tokens * cfg.max_words >= s.lm.max_positions
+               for n, s in zip(sizes, self.sessions)):
             return StopReason.CONTEXT_FULL
         return None
 

@@ -40,25 +40,29 @@ def _probe(lm) -> None:
 def measure_cpu_side_by_side(models: Sequence, threads_each: int, repeats: int = 2) -> tuple[float, float]:
     """Seconds of the probe for every model one after another (each with this thread's torch threads) and side by
     side (one worker each, `threads_each` threads): the best of `repeats`, measured once for a set of loaded models
-    and kept by the first of them (`LocalModel.side_by_side`, by weak references to the set: a model unloaded and
-    another loaded never match). Whether two threads speed one model up depends on the machine (on one 2-core machine
-    1.65×, on another not at all), so the default asks the machine rather than guessing."""
+    and kept by their runtimes (`Runtime.probes`: the models of one registry share one; by weak references to the
+    set, so a model unloaded and another loaded never match). Whether two threads speed one model up depends on the
+    machine (on one 2-core machine 1.65×, on another not at all), so the default asks the machine rather than
+    guessing."""
     key = (tuple(weakref.ref(m) for m in models), threads_each, torch.get_num_threads())
-    measured = models[0].side_by_side
-    if key not in measured:
-        seq, par, mine = float("inf"), float("inf"), torch.get_num_threads()
-        with ThreadPoolExecutor(len(models), initializer=torch.set_num_threads, initargs=(threads_each,)) as pool:
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                for m in models:
-                    _probe(m)
-                seq = min(seq, time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                list(pool.map(_probe, models))
-                par = min(par, time.perf_counter() - t0)
-        torch.set_num_threads(mine)  # the workers' setting also reaches process-wide defaults: put this one back
-        measured[key] = (seq, par)
-    return measured[key]
+    runtimes = list({id(m.runtime): m.runtime for m in models}.values())
+    kept = next((r.probes[key] for r in runtimes if key in r.probes), None)
+    if kept is not None:
+        return kept
+    seq, par, mine = float("inf"), float("inf"), torch.get_num_threads()
+    with ThreadPoolExecutor(len(models), initializer=torch.set_num_threads, initargs=(threads_each,)) as pool:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for m in models:
+                _probe(m)
+            seq = min(seq, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            list(pool.map(_probe, models))
+            par = min(par, time.perf_counter() - t0)
+    torch.set_num_threads(mine)  # the workers' setting also reaches process-wide defaults: put this one back
+    for r in runtimes:
+        r.probes[key] = (seq, par)
+    return seq, par
 
 
 def _measure_or_none(models: Sequence) -> tuple[float, float] | None:

@@ -111,8 +111,8 @@ def select_first_tokens(s: "ModelView", lp: torch.Tensor, count: int, top_k: int
     if bandwidth is not None:
         bandwidth = round(bandwidth, 6)
     # the selection's own cost, kept on the view (the benchmark reads it; the trace stays deterministic)
-    s.selection_seconds = getattr(s, "selection_seconds", 0.0) + time.perf_counter() - t0
-    s.selections_made = getattr(s, "selections_made", 0) + 1
+    s.selection_seconds += time.perf_counter() - t0
+    s.selections_made += 1
     return [rows[r]["token"] for r in picks], {"strategy": strategy, "lambda": float(lam), "bandwidth": bandwidth,
                                                 "tokens": rows}
 

@@ -54,11 +54,22 @@ class ModelView(ABC):
         # many decodes at once: forwards shared with other decodes, and the decodes in them (summed over those)
         self.shared_passes = 0
         self.riders = 0
+        # choosing an uncertain model's first tokens (selection.py): seconds spent and selections made (the benchmark
+        # reads them; the trace stays deterministic)
+        self.selection_seconds = 0.0
+        self.selections_made = 0
+        # token id sets (end, banned, ...) as index tensors on the logits' device, each built once (`writer.token_index`)
+        self.token_indexes: dict[str, torch.Tensor] = {}
 
     # ---- text <-> tokens ----
     @abstractmethod
     def encode(self, y: str) -> list[int]:
         """Token ids of render(prompt) + y, exactly as tokenizing the whole text would give."""
+
+    @abstractmethod
+    def length(self, y: str) -> int:
+        """How many tokens render(prompt) + y is (`len(encode(y))`), read from the rendered prompt and `y` alone, not
+        the committed state: a view committing on another thread (catching up in the background) may be measured."""
 
     @abstractmethod
     def decode_after(self, context: list[int], new: list[int]) -> str:

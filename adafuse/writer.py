@@ -60,7 +60,7 @@ def sample_token(view: ModelView, logprobs: torch.Tensor, temperature: float, ge
 
 def token_index(view: ModelView, key: str, ids=None) -> torch.Tensor:
     """Token ids as a tensor on the logits' device, built once per view: `view.<key>`, or `ids()` when given."""
-    cache = view.__dict__.setdefault("_index_cache", {})
+    cache = view.token_indexes
     if key not in cache:
         cache[key] = torch.tensor(sorted(ids() if ids else getattr(view, key)), dtype=torch.long,
                                   device=view.next_logprobs.device)

@@ -114,6 +114,20 @@ def test_settings_are_validated_before_any_model_prefills():
     assert a.model.calls == 0 and b.model.calls == 0
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+def test_an_idle_members_smaller_window_ends_the_decode_before_its_catch_up_would_overflow(parallel):
+    """Every model's limits are checked each round, moved or idle: a mixture's idle member (b, window 5) counts the
+    output in its own tokens as its catch-up will read it (side by side, while it catches up in the background), so
+    the decode stops as "context full" when b could not fit another round — though b has not read a word of it."""
+    a, b = toy_model("a", V, A_RULES), toy_model("b", V, B_RULES, max_positions=5)
+    cfg = DecodeConfig.of(method="mixture", weights=(99, 1), temperature=0, max_words=1, max_word_tokens=1)
+    tr = AdaFuse([a, b], cfg, parallel=parallel).generate("Q")
+    assert [r.text for r in tr.rounds] == [" Paris", " is"] and tr.stop_reason == "context full"
+    assert all(r.steps[1].mode == "idle" for r in tr.rounds)  # b never wrote: <bos> Q Paris is + a word's token = 5
+    d = AdaFuse([a, b], cfg).start("Q")
+    assert [s.length(" Paris is") for s in d.sessions] == [len(s.encode(" Paris is")) for s in d.sessions] == [4, 4]
+
+
 def test_a_setting_changed_while_a_round_is_pending_applies_from_the_next_round():
     from dataclasses import replace
     cfg = DecodeConfig(tau=0.7, max_words=1, max_new_words=10)

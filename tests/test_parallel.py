@@ -186,6 +186,29 @@ def test_parallel_models_write_the_same_trace_as_sequential(pair, case):
     assert seq.rounds and seq.output.strip()
 
 
+def test_the_side_by_side_probe_is_kept_by_the_models_runtimes(monkeypatch):
+    """The probe's result for a set of models is kept by the runtime they share (a registry's), or by each of theirs,
+    never written onto a model: measured once per set either way."""
+    import adafuse.parallel as par
+    from adafuse.models.batching import Runtime
+
+    class Probed:  # a loaded model as the probe sees it: its runtime (the probe itself is replaced)
+        def __init__(self, runtime):
+            self.runtime = runtime
+
+    probed = []
+    monkeypatch.setattr(par, "_probe", probed.append)
+    shared = Runtime()
+    a, b = Probed(shared), Probed(shared)
+    first = par.measure_cpu_side_by_side([a, b], 1, repeats=1)
+    assert par.measure_cpu_side_by_side([a, b], 1, repeats=1) == first and len(probed) == 4  # each model twice, once
+    assert list(shared.probes.values()) == [first] and vars(a) == {"runtime": shared}
+    c, d = Probed(Runtime()), Probed(Runtime())
+    par.measure_cpu_side_by_side([c, d], 1, repeats=1)
+    assert par.measure_cpu_side_by_side([c, d], 1, repeats=1) and len(probed) == 4 + 4
+    assert len(c.runtime.probes) == len(d.runtime.probes) == 1
+
+
 def test_models_sharing_the_cpu_go_side_by_side_when_the_machine_measures_it_faster(pair, monkeypatch):
     import adafuse.parallel as par
     seq, side = par.measure_cpu_side_by_side(pair, 1)  # the probe on the real pair: a few forwards

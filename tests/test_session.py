@@ -316,3 +316,18 @@ def smol(pair):
 def test_a_session_records_the_prompt_it_was_given(smol):
     s = LocalSession(smol, "What is 2+2?", "chat", (), system="Answer with one number.")
     assert s.mode_used == "chat (system)" and "Answer with one number." in s.prefix_text
+
+
+def test_what_the_word_builder_and_the_selection_keep_of_a_view_are_fields_of_the_view():
+    """A view's token-index tensors (`writer.token_index`) and its selection counters are fields every `ModelView`
+    declares, not attributes written onto it from outside; the cost ledger reads every counter as a field."""
+    from adafuse.costs import COUNTERS, snapshot
+    from adafuse.writer import token_index
+    d = AdaFuse(toy_pair(), DecodeConfig(tau=0.5, max_words=1)).start("Q")
+    s = d.sessions[1]
+    assert (s.selections_made, s.selection_seconds) == (0, 0.0) and all(hasattr(s, k) for k in COUNTERS)
+    ends = token_index(s, "end_ids")
+    assert s.token_indexes["end_ids"] is ends and token_index(s, "end_ids") is ends
+    assert sorted(ends.tolist()) == sorted(s.end_ids) and "_index_cache" not in vars(s)
+    d.step()  # b is unsure: it explores, and the selection counts on its own fields
+    assert s.selections_made == 1 and len(snapshot(s)) == 4 + len(COUNTERS)

@@ -66,7 +66,8 @@ class Runtime:
     """What the models of one registry share while they compute: `gate`, the condition their batchers' queues and
     states are read and changed under; `cpu_turn`, held by a forward that uses every core of this machine's CPU; and
     the settings of the batchers it makes (`gather_seconds`, `max_rows`, `max_tokens`, `attention`: see the module
-    doc). `ModelRegistry` makes one and gives it to every model it loads; a model made by hand has one of its own."""
+    doc); `probes`, what the side-by-side probe measured of its models. `ModelRegistry` makes one and gives it to
+    every model it loads; a model made by hand has one of its own."""
 
     def __init__(self, gather_seconds: float = GATHER_SECONDS, max_rows: int = MAX_ROWS,
                  max_tokens: int = MAX_TOKENS, attention: str = "auto"):
@@ -74,6 +75,7 @@ class Runtime:
         self.cpu_turn = threading.Lock()
         self.gather_seconds, self.max_rows, self.max_tokens = gather_seconds, max_rows, max_tokens
         self.attention = attention  # packed.ATTENTION_MODES: how a packed forward's attention runs
+        self.probes: dict = {}  # the side-by-side probe's seconds, per set of models (parallel.py)
 
     def batcher(self, model: torch.nn.Module) -> "Batcher":
         return Batcher(model, self)

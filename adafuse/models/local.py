@@ -36,9 +36,6 @@ class LocalModel(LoadedModel):
     folder: str = ""                  # the transformers folder the weights came from (a converted GGUF's cache folder)
     prefixes: PrefixStore = field(default_factory=PrefixStore, repr=False)
     idle: IdleViews = field(default_factory=IdleViews, repr=False)  # its open views: idle ones past a budget park
-    # seconds of the side-by-side probe (parallel.py) this model led, by weak references to the models measured
-    # together (a reference to a model gone never matches a later one) and the thread counts
-    side_by_side: dict = field(default_factory=dict, repr=False)
     # what it shares with the other models of its registry while decodes run (models/batching.py); one of its own
     # when made by hand
     runtime: Runtime = field(default_factory=Runtime, repr=False)

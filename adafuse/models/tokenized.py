@@ -34,7 +34,6 @@ class TokenizedView(ModelView):
         self.tokens_fed = 0
         self.seconds = 0.0
         self.tokenizer_seconds = 0.0
-        self.selection_seconds, self.selections_made = 0.0, 0  # choosing exploration's first tokens (selection.py)
         self.peak_side_bytes = 0  # the largest prefix copy a batch made (exploration, beam, scoring)
         self.anchor_char, self.anchor_tok = 0, 0
         self.ids = self.encode("")
@@ -63,6 +62,9 @@ class TokenizedView(ModelView):
             ids = self._full(y)
         self.tokenizer_seconds += time.perf_counter() - t0
         return ids
+
+    def length(self, y: str) -> int:
+        return len(self._full(y))
 
     def _move_anchor(self) -> None:
         """Put the anchor at the start of a committed word that two more words follow, if tokenizing from there
