@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import sys
 from dataclasses import replace
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
@@ -133,16 +133,23 @@ class AdaFuseLM(LM):
         return replace(self.config, stop=stop, max_new_tokens=cap, max_new_words=int(words))
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        from tqdm import tqdm
         jobs = [functools.partial(AdaFuse(self.models, self.request_config(r.args[1], r.doc)).generate, r.args[0])
                 for r in requests]
         out = []
-        with tqdm(total=len(jobs), desc="adafuse", disable=disable_tqdm) as bar:
-            for req, trace in zip(requests, run_many(jobs, self.concurrency)):
-                out.append(trace.output)
-                self.cache_hook.add_partial("generate_until", req.args, trace.output)
-                bar.update(1)
+        for req, trace in zip(requests, self._run(jobs, "adafuse", disable_tqdm)):
+            out.append(trace.output)
+            self.cache_hook.add_partial("generate_until", req.args, trace.output)
         return out
+
+    def _run(self, jobs: list, desc: str, disable: bool, sizes: list[int] | None = None) -> Iterator:
+        """Each job's result in the jobs' order, `concurrency` jobs at a time (adafuse/many.py), behind one progress bar
+        that counts `sizes` (the requests each job answers; default one each) as each result is taken."""
+        from tqdm import tqdm
+        sizes = sizes or [1] * len(jobs)
+        with tqdm(total=sum(sizes), desc=desc, disable=disable) as bar:
+            for size, result in zip(sizes, run_many(jobs, self.concurrency)):
+                yield result
+                bar.update(size)
 
     def decoded_contexts(self, requests) -> set[str]:
         """The contexts whose fused decode says which continuations are greedy: none with one member (its argmax says)
@@ -162,7 +169,6 @@ class AdaFuseLM(LM):
         (adafuse/scorer.py) — and whether it is greedy: with one member, every token its argmax (as `hf`); with
         several, whether the fused decode of the context writes it, for the `decoded_contexts` (False for the others).
         Continuations of one context are scored together, `concurrency` contexts at a time."""
-        from tqdm import tqdm
         ensemble = Windowed(self.models, self.config, self.max_length)
         contexts: dict[str, list[int]] = {}
         for i, r in enumerate(requests):
@@ -171,27 +177,23 @@ class AdaFuseLM(LM):
         jobs = [functools.partial(ensemble.score, ctx, [requests[i].args[1] for i in idx], ctx in decoded)
                 for ctx, idx in contexts.items()]
         out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
-        with tqdm(total=len(requests), desc="adafuse loglikelihood", disable=disable_tqdm) as bar:
-            for idx, scored in zip(contexts.values(), run_many(jobs, self.concurrency)):
-                for i, s in zip(idx, scored):
-                    out[i] = (s.fused, bool(s.is_greedy if several else all(s.greedy.values())))
-                    self.cache_hook.add_partial("loglikelihood", requests[i].args, out[i])
-                    bar.update(1)
+        sizes = [len(idx) for idx in contexts.values()]
+        for idx, scored in zip(contexts.values(), self._run(jobs, "adafuse loglikelihood", disable_tqdm, sizes)):
+            for i, s in zip(idx, scored):
+                out[i] = (s.fused, bool(s.is_greedy if several else all(s.greedy.values())))
+                self.cache_hook.add_partial("loglikelihood", requests[i].args, out[i])
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each whole text's fused log-likelihood from its start (each member over its own tokens, in windows of its
         context size, or `max_length`, as lm-eval's `hf` model rolls them); lm-eval turns them into word and byte
         perplexity and bits per byte."""
-        from tqdm import tqdm
         ensemble = Windowed(self.models, self.config, self.max_length)
         jobs = [functools.partial(ensemble.score_rolling, r.args[0]) for r in requests]
         out = []
-        with tqdm(total=len(requests), desc="adafuse loglikelihood_rolling", disable=disable_tqdm) as bar:
-            for r, scored in zip(requests, run_many(jobs, self.concurrency)):
-                out.append(scored.fused)
-                self.cache_hook.add_partial("loglikelihood_rolling", r.args, scored.fused)
-                bar.update(1)
+        for r, scored in zip(requests, self._run(jobs, "adafuse loglikelihood_rolling", disable_tqdm)):
+            out.append(scored.fused)
+            self.cache_hook.add_partial("loglikelihood_rolling", r.args, scored.fused)
         return out
 
 
