@@ -18,12 +18,6 @@ from .trace import Candidate, Round, Trace, Unscored
 from .writer import margin
 
 
-def committed_before(trace: Trace, round_index: int) -> str:
-    """The committed text when round `round_index` was decided: the earlier rounds' chosen candidates (their texts
-    as committed then, before a later stop string cut them)."""
-    return "".join(r.candidates[r.chosen].text for r in trace.rounds[:round_index])
-
-
 # ---- how each model tokenized and scored a candidate ----
 def token_view(models: Sequence[LoadedModel | str], trace: Trace, round_index: int, candidate: int,
                top_k: int = 5) -> list[dict]:

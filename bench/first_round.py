@@ -1,6 +1,6 @@
 """Four visitors at once: how soon each one's first round arrives, against a lone visitor's (python -m bench.first_round).
 
-The browser test (tests/test_app_analysis_browser.py) has four visitors press Run together on four examples and aims
+The end-to-end browser test (tests/test_app_e2e.py) has four visitors press Run together on four examples and aims
 at the slowest first round under 2× a lone visitor's. This measures the same through the library, without the page,
 and says what the machine allows: each visitor's prompt has to be prefilled by both models before its first round,
 and a prefill is compute: four prompts in one packed forward cost nearly what they cost one by one, so the fourth
@@ -28,7 +28,7 @@ from adafuse.models.batching import Rider, lean
 from adafuse.stops import parse_stops
 from app.controller import load_examples
 
-# the browser test's four examples (tests/test_app_analysis_browser.py FOUR)
+# the browser test's four examples (tests/test_app_e2e.py FOUR)
 FOUR = ("QA · tallest mountain", "Reading · lighthouse", "Translate · German → English", "QA · author of Hamlet")
 
 

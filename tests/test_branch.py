@@ -4,7 +4,6 @@ import pytest
 
 from adafuse import AdaFuse, ConfigError, DecodeConfig
 from adafuse.errors import ReplayError
-from adafuse.explain import committed_before
 from adafuse.replay import branch_from
 from adafuse.trace import Round, Trace
 from tests.toy import A_RULES, B_RULES, V, toy_model, toy_pair
@@ -14,6 +13,11 @@ ONE_WORD = DecodeConfig(max_words=1)  # a commits one word a round: " Paris", " 
 
 def original() -> Trace:
     return AdaFuse(toy_pair(), ONE_WORD).generate("Q")
+
+
+def committed_before(trace: Trace, round_index: int) -> str:
+    """The committed text when round `round_index` was decided: the earlier rounds' chosen candidates' texts."""
+    return "".join(r.candidates[r.chosen].text for r in trace.rounds[:round_index])
 
 
 def finish(d):

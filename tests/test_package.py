@@ -97,6 +97,18 @@ def test_no_function_of_the_library_or_the_app_is_over_80_lines():
     assert not long, f"split these into small parts: {long}"
 
 
+def test_the_layout_doc_names_every_module_of_the_library():
+    """docs/layout.md is where a newcomer finds a module: each file of the package is named there (a module added
+    without a word in it, or one it names that is gone, is how the doc drifts from the code)."""
+    layout = (PACKAGE.parent / "docs" / "layout.md").read_text(encoding="utf-8")
+    unnamed = [str(p.relative_to(PACKAGE)) for p in sorted(PACKAGE.rglob("*.py"))
+               if p.name != "__init__.py" and f"`{p.name}`" not in layout]
+    assert not unnamed, f"say what these are in docs/layout.md: {unnamed}"
+    named = set(re.findall(r"`(\w+\.py)`", layout))
+    here = {p.name for p in PACKAGE.parent.glob("*/**/*.py")} | {p.name for p in PACKAGE.parent.glob("*.py")}
+    assert named <= here, f"docs/layout.md names files that are gone: {sorted(named - here)}"
+
+
 # Model names (the embedded pair, the paper's members), issue numbers, targets and verdicts belong to the catalog
 # file, the README, docs/ and experiments/, never to the library's code.
 FORBIDDEN = [
