@@ -96,6 +96,14 @@ def model_specs(names, device: str | None = None) -> list[str]:
 LOADED_COLUMNS = {"model": "model", "device": "device", "dtype": "dtype", "memory_mib": "MiB", "load_seconds": "load s"}
 
 
+def compared(cfg: DecodeConfig, label: str) -> DecodeConfig:
+    """The page's settings for the comparison `label` (a method of COMPARE_METHODS): a method that weighs nothing
+    (token-union, the mixture) runs without the page's gate, which it would refuse or ignore."""
+    method = COMPARE_METHODS[label]["method"]
+    weighs = from_spec(method)[0].weighted
+    return replace(cfg, method=method, **({} if weighs else {"gate": ""}))
+
+
 def loaded_frame(models=None):
     """The loaded models (most recently used first) as a table; `models`: objects with `.info()`."""
     import pandas as pd
@@ -284,7 +292,7 @@ class Explorer:
     def run_others(self, names, cfg: DecodeConfig, prompt: str, labels, device: str | None = None):
         models = self.models(names, device)
         for label in labels or []:
-            trace = self._finish(AdaFuse(models, replace(cfg, **COMPARE_METHODS[label])).start(prompt))
+            trace = self._finish(AdaFuse(models, compared(cfg, label)).start(prompt))
             if trace is None:
                 return
             self.others[label] = trace

@@ -239,3 +239,20 @@ def test_a_slots_decodes_stop_at_the_servers_deadline(monkeypatch):
     trace = ex._finish(d)
     assert trace.stop_reason == "deadline" and len(trace.rounds) == 1 and trace.output
     assert "the time limit" in controller.stop_note(trace)
+
+
+def test_the_comparisons_run_with_a_gate_set_on_the_page(tmp_path):
+    """A gate picked for the fused decode: the comparisons that weigh nothing (token-union refuses a gate) run
+    without it, those that weigh keep it."""
+    from adafuse import AdaFuse, DecodeConfig
+    from adafuse.gate import Gate
+    from app.controller import COMPARE_METHODS, compared
+    from tests.toy import toy_pair
+    path = tmp_path / "gate.json"
+    Gate.zeros(["a", "b"]).save(path)
+    cfg = DecodeConfig(max_new_words=3, gate=str(path))
+    for label in COMPARE_METHODS:
+        trace = AdaFuse(list(toy_pair()), compared(cfg, label)).generate("Q")
+        assert trace.output is not None
+        assert (compared(cfg, label).gate == str(path)) == (compared(cfg, label).method in ("adafuse", "beam") or
+                                                            compared(cfg, label).method.startswith("fixed-span"))
