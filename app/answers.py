@@ -12,25 +12,62 @@ from plotly.subplots import make_subplots
 
 from adafuse import AdaFuse, DecodeConfig
 from adafuse.errors import ConfigError, PromptError
-from adafuse.harness.figures import MODEL_COLORS
+from adafuse.harness.figures import MODEL_COLORS, empty_figure
 from adafuse.methods import Greedy
 from adafuse.scorer import Likelihood
 
 MIN_ANSWERS, MAX_ANSWERS = 2, 5
+# the longest answer scored: each model reads every token of every answer, about 16 ms a character for the bundled pair
+# on 2 CPU cores (2,000 characters: 34 s; 5,000: 79 s behind a bare "processing") — choices are short texts
+MAX_ANSWER_CHARS = 500
 QUESTION = "Question: Who wrote the play Hamlet?\nAnswer:"
 ANSWERS = "William Shakespeare\nCharles Dickens\nMount Everest"
 FUSED = "fused"
 FUSED_COLOR = "#111827"
+TITLE = "Each model's log-likelihood of every answer"
+
+
+def no_figure(message: str = "Press “Score the answers” to chart each model's preference") -> go.Figure:
+    """The chart before a scoring, or in place of one that failed (no earlier answers' chart under a new error)."""
+    return empty_figure(TITLE, message)
+
+
+def no_frame() -> pd.DataFrame:
+    """The table before a scoring, or in place of one that failed."""
+    return pd.DataFrame(columns=["answer", "fused"])
 
 
 def parse_answers(text: str | None) -> list[str]:
-    """The candidate answers, one per line (blank lines skipped): 2 to 5 different ones."""
+    """The candidate answers, one per line (blank lines skipped: `blank_note` says which): 2 to 5 different ones, each
+    of at most MAX_ANSWER_CHARS characters."""
     answers = [a.strip() for a in (text or "").splitlines() if a.strip()]
     if not MIN_ANSWERS <= len(answers) <= MAX_ANSWERS:
-        raise ConfigError(f"{len(answers)} answers given: write {MIN_ANSWERS} to {MAX_ANSWERS}, one per line")
+        raise ConfigError(f"{len(answers)} answers given: write {MIN_ANSWERS} to {MAX_ANSWERS}, one per line"
+                          + (f" ({blank_note(text)[:-1].lower()})" if blank_lines(text) else ""))
     if len(set(answers)) < len(answers):
         raise ConfigError("an answer is given twice: write each candidate once")
+    for i, a in enumerate(answers, 1):
+        if len(a) > MAX_ANSWER_CHARS:
+            raise ConfigError(f"answer {i} is {len(a):,} characters long: answers of up to {MAX_ANSWER_CHARS} "
+                              "characters are scored here (every model reads each of their tokens: a long one takes "
+                              "minutes on a CPU) — shorten it")
     return answers
+
+
+def blank_lines(text: str | None) -> list[int]:
+    """The numbers (from 1) of the blank lines between the answers: skipped, not scored as an empty answer."""
+    lines = (text or "").splitlines()
+    while lines and not lines[-1].strip():  # the box's trailing new lines are no answer lines
+        lines.pop()
+    return [i for i, line in enumerate(lines, 1) if not line.strip()]
+
+
+def blank_note(text: str | None) -> str:
+    """"Blank line 2 skipped." (the lines `blank_lines` finds), or ""."""
+    lines = blank_lines(text)
+    if not lines:
+        return ""
+    return f"Blank line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))} skipped."
 
 
 def continuations(question: str, answers: list[str]) -> list[str]:
@@ -40,11 +77,16 @@ def continuations(question: str, answers: list[str]) -> list[str]:
     return [sep + a for a in answers]
 
 
-def score_answers(models: list, cfg: DecodeConfig, question: str, text: str) -> tuple[list[str], list[Likelihood]]:
-    """Every candidate answer scored after the question by these models with these settings' weights (or gate)."""
+def check_answers(question: str | None, text: str | None) -> list[str]:
+    """The question and the answers as the tab takes them (`parse_answers`), or a typed error before any model loads."""
     if not (question or "").strip():
         raise PromptError("the question is empty: type the text each answer continues (e.g. \"Question: …\\nAnswer:\")")
-    answers = parse_answers(text)
+    return parse_answers(text)
+
+
+def score_answers(models: list, cfg: DecodeConfig, question: str, text: str) -> tuple[list[str], list[Likelihood]]:
+    """Every candidate answer scored after the question by these models with these settings' weights (or gate)."""
+    answers = check_answers(question, text)
     if len(models) == 1:  # one model scores alone: no ensemble method, weights or gate
         cfg = replace(cfg, method=Greedy.name, weights=(), gate="")
     return answers, AdaFuse(models, replace(cfg, stop=())).score(question, continuations(question, answers))

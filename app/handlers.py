@@ -13,14 +13,16 @@ from adafuse.gate import load_gate
 from adafuse.stops import format_stops, propose_stops
 
 from . import analysis, leases, plots
-from .answers import answers_figure, answers_frame, answers_summary
+from .answers import (answers_figure, answers_frame, answers_summary, blank_note, check_answers, no_figure,
+                      no_frame)
 from .controller import Explorer, friendly, unload
 from .divergence_view import divergence_figure, divergence_html
 from .explain_html import token_view_html
 from .gpu import gpu
 from .plots import count
+from .sliders import BRANCHES, EXAMPLES, MAX_WORDS, TAU
 from .views import (EXAMPLE_COLUMNS, NORMALIZE, USER, _confirm, _error, _settings, done_with, in_line, loaded_views,
-                    only_status, render, restored, take_slot)
+                    only_status, pool_view, render, restored, take_slot)
 
 
 @gpu
@@ -183,8 +185,7 @@ def on_reset(ex):
 
 
 def on_round(ex, idx):
-    ex = ex or Explorer()
-    return plots.pool_figure(ex.trace, int(idx), None), plots.selection_frame(ex.trace, int(idx))
+    return pool_view(ex or Explorer(), int(idx))
 
 
 def on_upload(ex, file):
@@ -205,8 +206,8 @@ def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v, norm,
     from adafuse.harness.evaluate import summarize
     ex = session(ex, allow)
     try:
-        ex = leases.evaluate(ex, task_name, n, methods, names,
-                             {"tau": float(tau_v), "max_words": int(m_v), "branches": int(b_v),
+        ex = leases.evaluate(ex, task_name, EXAMPLES.snap(n), methods, names,
+                             {"tau": TAU.snap(tau_v), "max_words": MAX_WORDS.snap(m_v), "branches": BRANCHES.snap(b_v),
                               "normalize": NORMALIZE.get(norm, norm)}, dev)
         rows = ex.eval_rows
         table = analysis.example_table(rows)
@@ -232,10 +233,13 @@ def on_answers(ex, question, text, dev, allow, *s):
     """Answers: every candidate answer scored after the question by each model and the fused pair."""
     ex = session(ex, allow)
     try:
+        check_answers(question, text)  # input that is no choice is said before any model loads or a GPU is leased
         answers, scored = leases.answers(ex, s[0], dev, _settings(*s), question, text)
-        return ex, answers_summary(answers, scored), answers_figure(answers, scored), answers_frame(answers, scored)
-    except Exception as exc:  # noqa: BLE001
-        return ex, f"⚠️ **Error:** {html.escape(friendly(exc))}", gr.update(), gr.update()
+        said = " ".join(x for x in (answers_summary(answers, scored), blank_note(text)) if x)
+        return ex, said, answers_figure(answers, scored), answers_frame(answers, scored)
+    except Exception as exc:  # noqa: BLE001 - the earlier answers' chart and table go: they are not these answers'
+        return (ex, f"⚠️ **Error:** {html.escape(friendly(exc))}", no_figure("Nothing scored: see the error above"),
+                no_frame())
 
 
 def on_filter(ex, show):

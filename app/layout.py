@@ -12,9 +12,11 @@ from adafuse.harness.tasks import TASKS, data_source
 from adafuse.methods import BASELINE, MAX_MODELS
 
 from . import analysis, plots
-from .answers import ANSWERS, QUESTION
+from .answers import ANSWERS, MAX_ANSWER_CHARS, QUESTION, no_figure, no_frame
 from .controller import COMPARE_METHODS, EVAL_METHODS, device_choices, loaded_frame, remote_code_allowed
 from .explain_html import tree_html
+from .sliders import (BRANCHES, EXAMPLES, LAMBDA, MAX_NEW_TOKENS, MAX_NEW_WORDS, MAX_WORDS, TAU, WEIGHT,
+                      setting)
 from .views import EVAL_SUMMARY_COLUMNS, EXAMPLE_COLUMNS, NORMALIZE, THINKING, _example_note, gate_choices
 
 
@@ -26,12 +28,12 @@ def settings_controls(ui: SimpleNamespace) -> None:
                             info="Place a model by typing `MODEL@cuda:1`, `MODEL@cpu` or `MODEL@auto,bfloat16` "
                                  "(auto: spread over every GPU; dtype float32, bfloat16 or float16); a model on a "
                                  "vLLM server: `vllm:http://HOST:PORT/v1#SERVED-NAME`.")
-    ui.tau = gr.Slider(0, 1, value=DecodeConfig.tau, step=0.05, label="τΔ: commit when Δ ≥ τΔ", render=False,
-                       elem_id="af-tau")
-    ui.max_words = gr.Slider(1, 5, value=DecodeConfig.max_words, step=1, label="M: most words per confident round",
-                             render=False, elem_id="af-m")
-    ui.branches = gr.Slider(1, 8, value=DecodeConfig.branches, step=1, label="B: candidates when unsure",
-                            render=False, elem_id="af-b")
+    ui.tau = setting(TAU, value=DecodeConfig.tau, label="τΔ: commit when Δ ≥ τΔ", render=False,
+                     elem_id="af-tau")
+    ui.max_words = setting(MAX_WORDS, value=DecodeConfig.max_words, label="M: most words per confident round",
+                           render=False, elem_id="af-m")
+    ui.branches = setting(BRANCHES, value=DecodeConfig.branches, label="B: candidates when unsure",
+                          render=False, elem_id="af-b")
     ui.diversity = gr.Checkbox(DecodeConfig.diversity, label="Diverse exploration (off = beam search)", render=False,
                                elem_id="af-diversity")
     ui.exploration = gr.Radio(["surface", "embedding"], value=DecodeConfig.exploration, render=False,
@@ -39,12 +41,12 @@ def settings_controls(ui: SimpleNamespace) -> None:
                               label="Diverse in spelling (surface) or in meaning (embedding)",
                               info="embedding: each next first token maximizes log p − λ·(similarity of its input "
                                    "embedding to the tokens already picked)")
-    ui.lam = gr.Slider(0, 5, value=1.0, step=0.25, label="λ: redundancy penalty (embedding; 0 = surface)",
-                       render=False, elem_id="af-lambda")
-    ui.max_new_words = gr.Slider(1, 200, value=40, step=1, label="Max new words", render=False,
-                                 elem_id="af-max-words")
-    ui.max_new_tokens = gr.Slider(16, 2048, value=1024, step=16, elem_id="af-max-tokens", render=False,
-                                  label="Max new tokens (each model's tokenizer; the larger count binds)")
+    ui.lam = setting(LAMBDA, value=1.0, label="λ: redundancy penalty (embedding; 0 = surface)",
+                     render=False, elem_id="af-lambda")
+    ui.max_new_words = setting(MAX_NEW_WORDS, value=40, label="Max new words", render=False,
+                               elem_id="af-max-words")
+    ui.max_new_tokens = setting(MAX_NEW_TOKENS, value=1024, elem_id="af-max-tokens", render=False,
+                                label="Max new tokens (each model's tokenizer; the larger count binds)")
     ui.mode = gr.Radio(["raw", "chat"], value="raw", label="Prompt mode", render=False)
     ui.stop = gr.Textbox(value="", lines=2, label="Stop strings (one per line, \\n for newline)", render=False,
                          elem_id="af-stop", info="Raw mode: proposed from the prompt as you type or paste it (\\n after "
@@ -170,8 +172,8 @@ def weights_panel(ui: SimpleNamespace) -> None:
     with gr.Accordion("Model weights in the fused score", open=False):
         gr.Markdown("Fused score = Σ w·NLL / Σ w: a stronger model can count more (0: shown, not "
                     "counted). Equal weights are the paper's mean.")
-        ui.weights = [gr.Slider(0, 5, value=1, step=0.25, label=f"Weight of {n}" if i < len(DEFAULT_PAIR)
-                                else "Weight", visible=i < len(DEFAULT_PAIR), elem_id=f"af-weight-{i}")
+        ui.weights = [setting(WEIGHT, value=1, label=f"Weight of {n}" if i < len(DEFAULT_PAIR)
+                              else "Weight", visible=i < len(DEFAULT_PAIR), elem_id=f"af-weight-{i}")
                       for i, n in enumerate(list(DEFAULT_PAIR) + [""] * (MAX_MODELS - len(DEFAULT_PAIR)))]
         ui.normalize = gr.Radio(list(NORMALIZE), elem_id="af-normalize",
                                 value=next(k for k, v in NORMALIZE.items() if v == DecodeConfig.normalize),
@@ -199,13 +201,14 @@ def answers_tab(ui: SimpleNamespace) -> None:
         with gr.Row():
             ui.ans_question = gr.Textbox(QUESTION, label="Question (the text each answer continues)", lines=3,
                                          elem_id="af-ans-question")
-            ui.ans_choices = gr.Textbox(ANSWERS, label="Candidate answers, one per line (2 to 5)", lines=5,
+            ui.ans_choices = gr.Textbox(ANSWERS, lines=5, label="Candidate answers, one per line (2 to 5, up to "
+                                                                f"{MAX_ANSWER_CHARS} characters each)",
                                         elem_id="af-ans-choices")
         ui.ans_btn = gr.Button("Score the answers", elem_id="af-ans-score")
         ui.ans_status = gr.Markdown("", elem_id="af-ans-status")
-        ui.ans_plot = gr.Plot(plots.empty_figure("Each model's log-likelihood of every answer"), elem_id="af-ans-plot")
-        ui.ans_table = gr.Dataframe(pd.DataFrame(columns=["answer", "fused"]), label="Log-likelihoods",
-                                    elem_id="af-ans-table", interactive=False, wrap=True)
+        ui.ans_plot = gr.Plot(no_figure(), elem_id="af-ans-plot")
+        ui.ans_table = gr.Dataframe(no_frame(), label="Log-likelihoods", elem_id="af-ans-table", interactive=False,
+                                    wrap=True)
 
 
 def evaluate_tab(ui: SimpleNamespace) -> None:
@@ -215,7 +218,7 @@ def evaluate_tab(ui: SimpleNamespace) -> None:
                     f"example's trace in the views above. Data: {data_source()}.")
         with gr.Row():
             ui.eval_task = gr.Dropdown(list(TASKS), value="triviaqa", label="Task", elem_id="af-eval-task")
-            ui.eval_n = gr.Slider(1, 20, value=3, step=1, label="Examples")
+            ui.eval_n = setting(EXAMPLES, value=3, label="Examples")
             ui.eval_methods = gr.CheckboxGroup(list(EVAL_METHODS), value=list(BASELINE),
                                                label="Methods")
         ui.eval_btn = gr.Button("Run evaluation", elem_id="af-eval-run")

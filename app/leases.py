@@ -15,7 +15,7 @@ from adafuse.models import free_unused_memory
 from .answers import score_answers
 from .controller import stop_note
 from .gpu import gpu
-from .plots import count
+from .plots import count, progress
 
 
 @gpu
@@ -41,10 +41,11 @@ def run(ex, names, dev, cfg, prompt_text: str, picked, what: str, other_methods,
     yield ex, f"… decoding{changed}", dict(export=False, loaded=True)
     moved = ""  # the last settings moved during the Run, said on every round's line after it
     while not d.done and not ex.cancel_requested and not ex.past_deadline(d):
-        r = d.step()
+        d.step()
         now = ex.apply_live(d)  # settings moved during the Run: from the next round on, marked
         moved = f" · {now} from round {d.trace.changes[-1]['from_round']}" if now else moved
-        yield ex, f"… round {r.index + 1} · {count(d.trace.words, 'word')}{html.escape(moved)}", dict(export=False)
+        # from the trace the answer is drawn from, in its legend's words: the status never counts other rounds
+        yield ex, f"… {progress(ex.trace)}{html.escape(moved)}", dict(export=False)
     t = time.monotonic()
     if not ex.cancel_requested:
         for label in ex.run_others(names, cfg, prompt_text, other_methods, dev):

@@ -16,7 +16,36 @@ from adafuse.trace import Round, Trace, candidate_nll
 
 
 def rounds_frame(trace: Trace | None) -> pd.DataFrame:
-    return pd.DataFrame(round_rows(trace)) if trace and trace.rounds else pd.DataFrame({"round": []})
+    """The rounds table (`adafuse.report.round_rows`) narrow enough for the views' column on a laptop: each model's
+    margin and mode in one column ("0.10 explore×3"), its seconds as "s" to two decimals."""
+    if not trace or not trace.rounds:
+        return pd.DataFrame({"round": []})
+    rows = []
+    for row in round_rows(trace):
+        out = {}
+        for key, value in row.items():
+            if key.startswith("Δ "):
+                mode = row[f"mode {key[2:]}"]
+                out[f"{key[2:]} Δ, mode"] = mode if value is None else f"{value:.2f} {mode}"
+            elif not key.startswith("mode "):
+                out[key] = value
+        out["s"] = round(out.pop("seconds"), 2)
+        rows.append(out)
+    return pd.DataFrame(rows)
+
+
+ROUNDS_WIDTHS = {"round": 8, "kind": 10, "pool": 6, "words": 8, "fused NLL": 9, "s": 7}  # % of the table's width
+
+
+def rounds_widths(frame: pd.DataFrame) -> list[str] | None:
+    """Column widths that keep every column of `rounds_frame` in view: the models' columns share up to 40 %, the
+    chosen text takes the rest."""
+    if "chosen" not in frame.columns:
+        return None
+    models = [c for c in frame.columns if c not in ROUNDS_WIDTHS and c != "chosen"]
+    each = min(15.0, 40.0 / max(1, len(models)))
+    rest = 100 - sum(ROUNDS_WIDTHS.values()) - each * len(models)
+    return [f"{ROUNDS_WIDTHS.get(c, rest if c == 'chosen' else each):g}%" for c in frame.columns]
 
 
 def selection_frame(trace: Trace | None, index: int) -> pd.DataFrame:
@@ -88,13 +117,18 @@ def why_won(trace: Trace, r: Round) -> str:
             f"({c.fused:.3f} vs {ru.fused:.3f}; NLL per {unit} {per}{weighed})")
 
 
-def fused_html(trace: Trace | None, pending: Round | None = None, paused: bool = False) -> str:
+def fused_html(trace: Trace | None, pending: Round | None = None, paused: bool = False, deciding: bool = False) -> str:
     """The fused output, each round's span coloured and underlined by its kind; hover or focus (Tab) shows its
     round, margins, the runner-up and why it won. The legend lists only the kinds present. `paused`: the decode
-    stopped unfinished (Cancel) and Step or Run continues it."""
+    stopped unfinished (Cancel) and Step or Run continues it; `deciding`: a Run is deciding the decode's first round
+    (nothing to show yet, and nothing empty either)."""
     if not trace:
         return ('<div class="af-out af-empty">No output yet: type a prompt or pick an example, then ▶ Run '
                 '(Ctrl+Enter) or Step › (Ctrl+Shift+Enter).</div>')
+    if not trace.rounds and pending is None and not trace.stop_reason and (deciding or paused):
+        return ('<div class="af-out af-empty">… deciding the first round: each model reads the prompt, then they '
+                'propose and score the first words</div>' if deciding else
+                '<div class="af-out af-empty">No round decided yet: Step › or ▶ Run starts the first one.</div>')
     alone = len(trace.models) == 1
     parts, kinds, tips = [], [], {}
     for r in trace.rounds:
@@ -122,6 +156,11 @@ def fused_html(trace: Trace | None, pending: Round | None = None, paused: bool =
             f'<div class="af-legend">{legend}{" · " if legend else ""}{count(len(trace.rounds), "round")} · '
             f'{count(trace.words, "word")} · {trace.seconds:.1f}s{stop} · Tab through the text for each round\'s '
             'details</div>')
+
+
+def progress(trace: Trace) -> str:
+    """A decode under way, as the answer's legend counts it: "14 rounds decided · 18 words"."""
+    return f"{count(len(trace.rounds), 'round')} decided · {count(trace.words, 'word')}"
 
 
 def count(n: int, noun: str) -> str:

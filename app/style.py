@@ -69,7 +69,11 @@ SHORTCUTS = """() => {
     if (!(e.ctrlKey || e.metaKey) || e.key !== 'Enter') return;
     const id = e.shiftKey ? 'af-step' : 'af-run';
     const button = document.getElementById(id);
-    if (button && !button.disabled) { e.preventDefault(); button.click(); }
+    if (!button || button.disabled) return;
+    e.preventDefault();
+    // a value typed into a slider's box is snapped when the box loses focus (app/sliders.py): leave it first
+    if (document.activeElement && document.activeElement.matches('input[type=number]')) document.activeElement.blur();
+    button.click();
   });
   // a decision-tree node that was not chosen: fill "Branch from round / with candidate", then branch
   document.addEventListener('click', (e) => {

@@ -9,6 +9,7 @@ from . import api, layout
 from .controller import DECODE_QUEUE, load_examples, slots
 from .handlers import (on_answers, on_branch, on_cancel, on_eval, on_filter, on_live, on_load, on_member, on_open,
                        on_pick_row, on_prompt, on_reset, on_round, on_run, on_step, on_tokens, on_unload, on_upload)
+from .sliders import snap_typed
 from .style import CSS, INTRO, SHORTCUTS, TO_ANSWER, TO_VIEWS
 from .views import CANCEL_AT, STATUS_AT, USER, gate_normalize, loaded_views, weight_sliders
 
@@ -56,6 +57,9 @@ def wire_page(ui: SimpleNamespace) -> None:
     """The page's loading, the models panel, Evaluate and opening an evaluated example."""
     hidden, refresh = HIDDEN, [ui.loaded_df, ui.unload_pick]
     ui.models.change(weight_sliders, [ui.models], ui.weights, show_progress="hidden", **hidden)
+    for c in (ui.tau, ui.max_words, ui.branches, ui.lam, ui.max_new_words, ui.max_new_tokens, *ui.weights, ui.eval_n):
+        # a typed value the slider cannot show is set to the nearest one it can when the box loses focus, said
+        c.release(snap_typed(c.spec), [c], [c], show_progress="hidden", concurrency_limit=None, **hidden)
     ui.gate.change(gate_normalize, [ui.gate, ui.normalize], ui.normalize, show_progress="hidden", **hidden)
     ui.demo.load(loaded_views, None, refresh, show_progress="hidden", **hidden)
     ui.demo.load(None, None, None, js=SHORTCUTS, **hidden)

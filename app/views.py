@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import html
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
@@ -20,6 +21,7 @@ from adafuse.stops import format_stops, parse_stops
 from . import plots
 from .controller import ASSETS, Explorer, friendly, loaded_frame, slots, stop_note
 from .explain_html import tree_html
+from .sliders import BRANCHES, LAMBDA, MAX_NEW_TOKENS, MAX_NEW_WORDS, MAX_WORDS, TAU, WEIGHT
 
 GATES = ASSETS / "gates"
 
@@ -68,29 +70,19 @@ def gate_normalize(path: str, current: str):
     return next((label for label, v in NORMALIZE.items() if v == norm), current)
 
 
-def _whole(value, what: str) -> int:
-    """A count typed into a slider's box: a whole number, or a typed error naming the setting (2.5 is not silently 2)."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} must be a whole number, not {value!r}") from None
-    if not v.is_integer():
-        raise ConfigError(f"{what} must be a whole number, not {value!r}")
-    return int(v)
-
-
 def _settings(names, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
               system, thinking, speculate, normalize, gate, *weights) -> DecodeConfig:
-    picked = [float(w) for w in weights[: len([n for n in names or [] if str(n).strip()])]]
+    """The page's settings as a decode takes them: each slider's value as typed, snapped to what the slider shows
+    (`sliders.Spec.snap`; the page snaps its box the same way when it loses focus, and says so)."""
+    picked = [WEIGHT.snap(w) for w in weights[: len([n for n in names or [] if str(n).strip()])]]
     if picked and not gate and not any(picked):
         raise ConfigError("every model's weight is 0: at least one model must count in the fused score")
-    return DecodeConfig(tau=float(tau), max_words=_whole(max_words, "M (most words a confident model commits)"),
-                        branches=_whole(branches, "B (candidates an uncertain model explores)"),
-                        diversity=bool(diversity), exploration=exploration, explore_lambda=float(lam),
-                        max_new_words=_whole(max_new_words, "Max new words"),
-                        max_new_tokens=_whole(max_new_tokens, "Max new tokens"), mode=mode,
+    return DecodeConfig(tau=TAU.snap(tau), max_words=MAX_WORDS.snap(max_words), branches=BRANCHES.snap(branches),
+                        diversity=bool(diversity), exploration=exploration, explore_lambda=LAMBDA.snap(lam),
+                        max_new_words=MAX_NEW_WORDS.snap(max_new_words),
+                        max_new_tokens=MAX_NEW_TOKENS.snap(max_new_tokens), mode=mode,
                         stop=parse_stops(stop), system=(system or "").strip(), thinking=THINKING[thinking],
-                        weights=tuple(picked) if len(set(picked)) > 1 else (), gate=gate or "",
+                        weights=tuple(float(w) for w in picked) if len(set(picked)) > 1 else (), gate=gate or "",
                         speculate=bool(speculate), normalize=NORMALIZE.get(normalize, normalize))
 
 
@@ -126,18 +118,20 @@ def render(ex: Explorer, status: str = "", selected: int | None = None, export: 
     trace file for the download button is written once the run ends, not rewritten every round. `loaded`: also
     refresh the loaded-models table (after models may have loaded or been evicted)."""
     t, pending = ex.trace, ex.pending
-    n = len(t.rounds) if t else 0
-    if selected is None or selected >= n:  # the latest round that had a real choice to make
-        selected = next((r.index for r in reversed(t.rounds) if len(r.candidates) > 1), n - 1) if t else -1
+    n = len(pool_rounds(ex))
+    if selected is None or selected >= n:  # the newest round: the last one decided (Run), or the pending one (Step)
+        selected = n - 1
     choices = _choices(pending)
     paused = not ex.running and ex.decoding is not None and not ex.decoding.done and pending is None
+    deciding = ex.running and t is not None and not t.rounds and pending is None and not t.stop_reason
+    pool, picks = pool_view(ex, selected)
     return (
-        plots.fused_html(t, pending, paused),
+        plots.fused_html(t, pending, paused, deciding),
         plots.compare_html(t, ex.singles, ex.others),
         plots.margins_figure(t),
-        plots.pool_figure(t, selected, pending),
+        pool,
         plots.words_per_round_figure(t),
-        plots.rounds_frame(t),
+        rounds_table(t),
         plots.cost_frame(t, ex.singles),
         plots.cost_figure(t, ex.singles),
         # a decode of one round has nothing to pick: no slider over a single value (the pool's title names the round)
@@ -149,9 +143,30 @@ def render(ex: Explorer, status: str = "", selected: int | None = None, export: 
         *loaded_views(loaded),
         gr.update(interactive=ex.running),  # Cancel: only a Run (or branch) in flight has anything to stop
         tree_html(t, ex.branches),
-        plots.selection_frame(t, selected),
+        picks,
         ex.panel,
     )
+
+
+def rounds_table(t):
+    """The rounds table with widths that keep its columns in view (`plots.rounds_widths`)."""
+    frame = plots.rounds_frame(t)
+    return gr.update(value=frame, column_widths=plots.rounds_widths(frame))
+
+
+def pool_rounds(ex: Explorer) -> list:
+    """The rounds the Pool tab's slider steps through: the trace's, then in Step mode the pending one."""
+    rounds = list(ex.trace.rounds) if ex.trace else []
+    return rounds + [ex.pending] if ex.pending is not None else rounds
+
+
+def pool_view(ex: Explorer, index: int):
+    """The Pool tab on round `index` (the pending round when Step decided it): its candidates' figure and the first
+    tokens the unsure models looked at."""
+    t, pending = ex.trace, ex.pending
+    if pending is not None and index == pending.index:
+        return plots.pool_figure(t, index, pending), plots.selection_frame(replace(t, rounds=pool_rounds(ex)), index)
+    return plots.pool_figure(t, index, None), plots.selection_frame(t, index)
 
 
 STATUS_AT, CANCEL_AT = 10, 14  # where the status and the Cancel button sit in render()'s tuple
@@ -191,16 +206,17 @@ def _example_note(prompt_text, mode, stop, max_words) -> str:
 
 def restored(st: dict, n_models: int) -> list:
     """The page's values for a trace's settings, in the order of build_demo's `restorable`: an opened example Runs
-    again as it was decoded (its method aside: the page decodes AdaFuse)."""
+    again as it was decoded (its method aside: the page decodes AdaFuse), each slider's as near as it can show."""
     gates = {path for _, path in gate_choices()}
     weights = list(st.get("weights") or ()) or [1.0] * n_models
-    return [st.get("mode", "raw"), format_stops(st.get("stop", ())), st.get("tau", 0.7), st.get("max_words", 3),
-            st.get("branches", 3), st.get("diversity", True), st.get("exploration", "surface"),
-            st.get("explore_lambda", 1.0), st.get("max_new_words", 40), st.get("max_new_tokens", 1024),
+    return [st.get("mode", "raw"), format_stops(st.get("stop", ())), TAU.snap(st.get("tau", 0.7)),
+            MAX_WORDS.snap(st.get("max_words", 3)), BRANCHES.snap(st.get("branches", 3)), st.get("diversity", True),
+            st.get("exploration", "surface"), LAMBDA.snap(st.get("explore_lambda", 1.0)),
+            MAX_NEW_WORDS.snap(st.get("max_new_words", 40)), MAX_NEW_TOKENS.snap(st.get("max_new_tokens", 1024)),
             bool(st.get("speculate", False)),
             next((k for k, v in NORMALIZE.items() if v == st.get("normalize", "token")), next(iter(NORMALIZE))),
             st.get("gate", "") if st.get("gate", "") in gates else "", st.get("system", ""),
-            *[weights[i] if i < len(weights) else 1.0 for i in range(MAX_MODELS)]]
+            *[WEIGHT.snap(weights[i]) if i < len(weights) else 1.0 for i in range(MAX_MODELS)]]
 
 
 def in_line(ex: Explorer, kind: str):

@@ -1,4 +1,5 @@
-"""The app's settings widgets (app/views.py, app/layout.py): gates pick their NLL averaging, slider boxes take whole counts."""
+"""The app's settings widgets (app/views.py, app/layout.py, app/sliders.py): gates pick their NLL averaging, a value
+typed into a slider's box becomes the nearest one the slider shows, and the page says so."""
 import pytest
 
 from adafuse.errors import ConfigError
@@ -27,9 +28,12 @@ def test_slider_boxes_take_whole_counts_and_some_weight():
         return _settings(*{**base, **kw}.values(), *weights)
 
     assert settings(max_words=2.0).max_words == 2 and settings(weights=(1, 3)).weights == (1.0, 3.0)
-    for key, value, named in (("max_words", 2.5, "M"), ("branches", "x", "B"), ("max_new_words", None, "Max new words")):
-        with pytest.raises(ConfigError, match=f"{named}.*whole number"):
-            settings(**{key: value})
+    # a value typed into a box is what the slider shows of it (the page snaps the box alike, and says so)
+    assert settings(branches=3.5).branches == 4 and settings(max_words=12).max_words == 5
+    assert settings(tau=1.5).tau == 1 and settings(tau=0.33).tau == 0.35
+    assert settings(max_new_tokens=100).max_new_tokens == 96
+    with pytest.raises(ConfigError, match=r"B \(candidates .*\) takes whole numbers from 1 to 8: 'x' is not a number"):
+        settings(branches="x")
     with pytest.raises(ConfigError, match="weight is 0"):
         settings(weights=(0, 0))
     assert settings(weights=(0, 0), gate="g.json").gate == "g.json"  # a gate replaces the sliders
@@ -78,3 +82,45 @@ def test_the_round_slider_shows_only_where_there_is_a_round_to_pick():
     assert one == 1 and update["visible"] is False
     many, update = slider(DecodeConfig(max_words=1))
     assert many > 1 and update["visible"] is True and update["maximum"] == many - 1
+
+
+@pytest.mark.parametrize("spec, typed, value, said", [
+    ("TAU", 1.5, 1, "τΔ takes values from 0 to 1 in steps of 0.05: 1.5 is set to 1"),
+    ("TAU", -0.2, 0, "-0.2 is set to 0"),
+    ("TAU", 0.33, 0.35, "0.33 is set to 0.35"),
+    ("BRANCHES", 3.5, 4, "B (candidates an uncertain model explores) takes whole numbers from 1 to 8: 3.5 is set to "
+                         "4"),
+    ("BRANCHES", 0, 1, "0 is set to 1"),
+    ("MAX_WORDS", 12, 5, "M (most words a confident model commits) takes whole numbers from 1 to 5: 12 is set to 5"),
+    ("MAX_NEW_TOKENS", 100, 96, "Max new tokens takes values from 16 to 2048 in steps of 16: 100 is set to 96"),
+    ("MAX_NEW_WORDS", None, 1, "an empty box is set to 1"),
+])
+def test_a_typed_value_the_slider_cannot_show_is_snapped_and_said(monkeypatch, spec, typed, value, said):
+    """When the box loses focus (its release), the page's box and bar get the nearest value the slider shows and a
+    message names the range; the decode reads the same value (`Spec.snap`)."""
+    from app import sliders
+    warned = []
+    monkeypatch.setattr(sliders.gr, "Warning", warned.append)
+    s = getattr(sliders, spec)
+    assert sliders.snap_typed(s)(typed) == value == s.snap(typed)
+    assert warned and said in warned[0], warned
+
+
+def test_a_value_the_slider_shows_is_left_as_it_is(monkeypatch):
+    from app import sliders
+    monkeypatch.setattr(sliders.gr, "Warning", lambda msg: pytest.fail(f"warned: {msg}"))
+    for s, v in ((sliders.TAU, 0.7), (sliders.BRANCHES, 3), (sliders.MAX_NEW_TOKENS, 1024), (sliders.WEIGHT, 2.25)):
+        assert s.snap(v) == v and sliders.snap_typed(s)(v) == {"__type__": "update"}
+
+
+def test_the_settings_sliders_take_typed_values_without_gradios_range_error():
+    """Gradio's slider raises "Value 1.5 is greater than maximum value 1." at every keystroke, before any handler:
+    the page's settings pass the value on, to be snapped."""
+    from app import layout
+    from types import SimpleNamespace
+    ui = SimpleNamespace()
+    layout.settings_controls(ui)
+    assert ui.tau.preprocess(1.5) == 1.5 and ui.branches.preprocess(3.5) == 3.5
+    assert ui.tau.get_block_name() == "slider"  # Gradio's own slider, with every prop it reads
+    assert {k: ui.branches.get_config()[k] for k in ("minimum", "maximum", "step", "elem_id")} == \
+        {"minimum": 1, "maximum": 8, "step": 1, "elem_id": "af-b"}
