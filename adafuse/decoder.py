@@ -17,6 +17,7 @@ from .gate import Gate, entropy
 from .live import LIVE_SETTINGS, LiveSettings
 from .models import LoadedModel
 from .models.batching import Rider, working
+from .models.prompt import with_turn_end
 from .methods import Method, Proposed, RoundContext, make_method
 from .parallel import Workers
 from .pool import Pool, build_pool
@@ -43,6 +44,7 @@ class Decoding:
         kind = config.method_class
         if not isinstance(prompt, str) or not prompt.strip():
             raise PromptError("the prompt is empty: type a question or pick an example")
+        config = with_turn_end(config, models)  # chat read as a transcript: its turn's end is a stop string
         self.settings = LiveSettings(config)
         self.fusion = Fusion(names, kind)
         self._check_settings(config, kind, models)  # every check before any model prefills
@@ -293,6 +295,7 @@ class Decoding:
     def reconfigure(self, config: DecodeConfig) -> dict:
         """Change settings that only steer later rounds (LIVE_SETTINGS) from the next undecided round on; the trace
         records each change. Anything else (models, prompt, mode, stop strings, method) needs a new decode."""
+        config = with_turn_end(config, self.models)
         changed = self.settings.changes(config)
         self._check_settings(config, type(self.method), self.models)
         if changed and not self.done:

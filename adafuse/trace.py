@@ -155,7 +155,7 @@ class Trace:
     prompt: str
     models: list[str]
     settings: dict
-    prompt_modes: dict[str, str]   # per model: "raw", "chat", or "raw (no chat template)"
+    prompt_modes: dict[str, str]   # per model: "raw", "chat", "chat (no chat template: …)" (a transcript), with notes
     rounds: list[Round] = field(default_factory=list)
     output: str = ""
     stop_reason: str | None = None
@@ -435,3 +435,11 @@ def _close(a: float, b: float) -> bool:
 def _not_json(constant: str):
     """NaN / Infinity / -Infinity: Python's json reads them, strict JSON (and browsers) do not."""
     raise ValueError(f"{constant} is not a JSON number (traces are strict JSON: unscored values are null)")
+
+
+def transcript_readers(trace: Trace) -> list[str]:
+    """The models that read a chat decode's prompt as a plain User/Assistant transcript (no chat template of their
+    own); older traces said "raw (no chat template)"."""
+    if trace.settings.get("mode") != "chat":
+        return []
+    return [m for m, mode in trace.prompt_modes.items() if "no chat template" in mode]

@@ -16,7 +16,7 @@ from adafuse.replay import branch_from
 from adafuse.explain import token_view
 from adafuse.report import candidate_label
 from adafuse.errors import AdafuseError, ConfigError
-from adafuse.trace import StopReason
+from adafuse.trace import StopReason, transcript_readers
 from adafuse.harness.evaluate import parse_methods
 from adafuse.many import DEFAULT_CONCURRENCY, DEFAULT_DEADLINE_S
 from adafuse.method_registry import from_spec, method_specs, to_spec
@@ -414,12 +414,14 @@ STOPS = {"max_new_words": "reached Max new words", "max_new_tokens": "reached Ma
 
 
 def stop_note(trace: Trace) -> str:
-    """Why the decode stopped, in words, and which model read a chat prompt raw (it has no chat template)."""
+    """Why the decode stopped, in words, and which model read a chat prompt as a plain transcript (it has no chat
+    template)."""
     reason = trace.stop_reason or ""
     note = f"stop: {STOPS.get(reason, reason)}"
-    raw = [m for m, mode in trace.prompt_modes.items() if mode.startswith("raw (")]
-    if raw and trace.settings.get("mode") == "chat":
-        note += f" · {', '.join(raw)} {'has' if len(raw) == 1 else 'have'} no chat template: read the prompt raw"
+    plain = transcript_readers(trace)
+    if plain:
+        note += (f" · {', '.join(plain)} {'has' if len(plain) == 1 else 'have'} no chat template: read as a "
+                 "User/Assistant transcript")
     return note
 
 

@@ -10,9 +10,9 @@ from adafuse.harness.figures import (KIND_COLORS, KIND_NAMES, MODEL_COLORS, cost
 from adafuse.errors import ConfigError
 from adafuse.method_registry import from_spec, legacy
 from adafuse.explain import why_empty
-from adafuse.report import candidate_label, cost_rows, round_rows
+from adafuse.report import candidate_label, cost_rows, round_rows, round_sentence
 from adafuse.selection import selection_rows
-from adafuse.trace import Round, Trace, candidate_nll
+from adafuse.trace import Round, Trace, candidate_nll, transcript_readers
 
 
 def rounds_frame(trace: Trace | None) -> pd.DataFrame:
@@ -133,7 +133,8 @@ def fused_html(trace: Trace | None, pending: Round | None = None, paused: bool =
     parts, kinds, tips = [], [], {}
     for r in trace.rounds:
         tip = (f"round {r.index} · {'written alone' if alone else KIND_NAMES[r.kind]} · {why_won(trace, r)}"
-               + " · Δ " + ", ".join(f"{s.model}={s.margins[0]:.2f}" for s in r.steps if s.margins))
+               + " · Δ " + ", ".join(f"{s.model}={s.margins[0]:.2f}" for s in r.steps if s.margins)
+               + f" · in words: {round_sentence(trace, r)}")
         if r.text:
             parts.append(_span(r.text, r.kind, tip, f"af-tip-{r.index}"))
             kinds.append(r.kind)
@@ -148,9 +149,9 @@ def fused_html(trace: Trace | None, pending: Round | None = None, paused: bool =
     stop = f" · stopped: {trace.stop_reason}" if trace.stop_reason else ""
     if paused and not trace.stop_reason:
         stop = " · paused: Step › or ▶ Run continues from here"
-    raw = [m for m, mode in trace.prompt_modes.items() if mode.startswith("raw (")]
-    if raw and trace.settings.get("mode") == "chat":
-        stop += f" · read raw (no chat template): {', '.join(raw)}"
+    plain = transcript_readers(trace)
+    if plain:
+        stop += f" · read as a transcript (no chat template): {', '.join(plain)}"
     text = "".join(parts) or f"<i>{html.escape(empty_answer_note(trace))}</i>"  # built only for an empty answer
     return (f'<div class="af-out">{text}</div>{_descriptions(tips)}'
             f'<div class="af-legend">{legend}{" · " if legend else ""}{count(len(trace.rounds), "round")} · '

@@ -107,9 +107,11 @@ def test_the_status_says_which_cap_stopped_and_who_read_a_chat_prompt_raw():
     from adafuse import Trace
     from app.controller import stop_note
     t = Trace(prompt="p", models=["a", "b"], settings={"mode": "chat"},
-              prompt_modes={"a": "chat", "b": "raw (no chat template)"}, stop_reason="max_new_tokens")
+              prompt_modes={"a": "chat", "b": "chat (no chat template: a User/Assistant transcript)"},
+              stop_reason="max_new_tokens")
     note = stop_note(t)
-    assert "Max new tokens" in note and "b has no chat template" in note and "a has" not in note
+    assert "Max new tokens" in note and "b has no chat template: read as a User/Assistant transcript" in note
+    assert "a has" not in note
     t.settings, t.stop_reason = {"mode": "raw"}, "max_new_words"
     assert stop_note(t) == "stop: reached Max new words"
 

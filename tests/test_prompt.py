@@ -2,10 +2,12 @@
 what each mode says it ignored; on SmolLM2's tokenizer with its own and other templates."""
 import copy
 import dataclasses
+from dataclasses import replace
 
 import pytest
 
-from adafuse.models.prompt import has_thinking_switch, render_prompt
+from adafuse import DecodeConfig
+from adafuse.models.prompt import TRANSCRIPT, TURN_END, has_thinking_switch, render_prompt, with_turn_end
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +36,14 @@ def test_chat_system_prompt_comes_before_the_user_message(smol):
     assert text.index("<|im_start|>system\nAnswer with one number.") < text.index("<|im_start|>user\nWhat is 2+2?")
     assert "You are a helpful AI assistant" not in text  # it replaces the template's default system message
     assert render_prompt(smol, "What is 2+2?", "chat")[1] == "chat"
-    # raw mode (and chat without a template) read the prompt as is, and say what they ignored
+    # raw mode reads the prompt as is, and says what it ignored
     assert render_prompt(smol, "Q", "raw", system="S") == ("Q", "raw (system prompt ignored)")
     assert render_prompt(smol, "Q", "raw", thinking=False) == ("Q", "raw (thinking switch ignored)")
+    # chat without a template: a User/Assistant transcript, the system prompt first (a base model answers there)
     plain = _with_template(smol, None)
-    assert render_prompt(plain, "Q", "chat", system="S") == ("Q", "raw (no chat template; system prompt ignored)")
-    assert render_prompt(plain, "Q", "chat") == ("Q", "raw (no chat template)")
+    assert render_prompt(plain, "Q", "chat") == ("User: Q\nAssistant:", TRANSCRIPT)
+    assert render_prompt(plain, "Q", "chat", system="S") == ("S\n\nUser: Q\nAssistant:", TRANSCRIPT)
+    assert render_prompt(plain, "Q", "chat", thinking=True)[1] == TRANSCRIPT + "; thinking switch ignored"
 
 
 def test_a_template_without_a_system_role_gets_it_in_the_user_message(smol):
@@ -75,5 +79,17 @@ def test_a_conversation_is_rendered_by_the_template_before_the_next_user_message
     plain = _with_template(smol, None)
     assert render_prompt(plain, "And 3+3?", "chat", history=history) == (
         "User: What is 2+2?\nAssistant: 4\nUser: And 3+3?\nAssistant:",
-        "raw (no chat template; conversation as a transcript)")
+        TRANSCRIPT)
     assert render_prompt(smol, "Q", "raw", history=history) == ("Q", "raw (conversation ignored)")
+
+
+def test_a_transcripts_turn_ends_at_the_next_user_line(smol):
+    """Chat mode with a member that has no template: the decode stops where that member's turn ends (its next
+    "User:" line), a stop string like any other (scored as the end of the answer); not in raw mode, nor when every
+    model has a template, nor twice."""
+    plain = _with_template(smol, None)
+    chat = DecodeConfig(mode="chat")
+    assert with_turn_end(chat, [smol, plain]).stop == (TURN_END,)
+    assert with_turn_end(replace(chat, stop=("\n\n",)), [smol, plain]).stop == ("\n\n", TURN_END)
+    assert with_turn_end(with_turn_end(chat, [plain]), [plain]).stop == (TURN_END,)
+    assert with_turn_end(chat, [smol]) is chat and with_turn_end(DecodeConfig(), [plain]).stop == ()

@@ -1,7 +1,16 @@
 """The text a model is conditioned on: the prompt as is (raw), or through the model's chat template (chat)."""
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING, Sequence
+
 from .base import LoadedModel
+
+if TYPE_CHECKING:
+    from ..config import DecodeConfig
+
+TURN_END = "\nUser:"  # a transcript's assistant turn ends where the next user line starts
+TRANSCRIPT = "chat (no chat template: a User/Assistant transcript)"  # the prompt mode of such a model
 
 
 def has_thinking_switch(lm: LoadedModel) -> bool:
@@ -16,16 +25,19 @@ def render_prompt(lm: LoadedModel, prompt: str, mode: str, system: str = "",
     Chat mode applies the model's chat template to the conversation `history` ((role, text) pairs, user and assistant
     taking turns) followed by `prompt` as the next user message: `system` as a system message (inside the first user
     message where the template refuses or drops a system role), `thinking` as its `enable_thinking` switch where it has
-    one. Raw mode reads the prompt as is; chat mode without a template too, after the conversation written as a plain
-    "User: …" / "Assistant: …" transcript where there is one. The mode says what was ignored."""
-    ignored = [what for what, given in (("system prompt", system), ("thinking switch", thinking is not None),
-                                        ("conversation", history and mode != "chat")) if given]
-    if mode != "chat" or not lm.has_chat_template:
-        why = ["no chat template"] if mode == "chat" else []
-        why += ["conversation as a transcript"] if history and mode == "chat" else []
-        why += [f"{' and '.join(ignored)} ignored"] if ignored else []
-        text = transcript(history, prompt) if history and mode == "chat" else prompt
-        return text, "raw" + (f" ({'; '.join(why)})" if why else "")
+    one. Raw mode reads the prompt as is. Chat mode without a template writes the conversation as a transcript
+    ("User: …" / "Assistant: …" lines, the system prompt first, ending on "Assistant:"): its turn ends where the next
+    "User:" line would start (`TURN_END`, a stop string the decode adds: `with_turn_end`). The mode says what was
+    ignored."""
+    chat, templated = mode == "chat", lm.has_chat_template
+    ignored = [what for what, given in (("system prompt", system and not chat),
+                                        ("thinking switch", thinking is not None and not (chat and templated)),
+                                        ("conversation", history and not chat)) if given]
+    if not chat:
+        return prompt, "raw" + (f" ({' and '.join(ignored)} ignored)" if ignored else "")
+    if not templated:  # a plain transcript, its turn ending at the next "User:" line (TURN_END)
+        why = [f"{' and '.join(ignored)} ignored"] if ignored else []
+        return transcript(history, prompt, system), "; ".join([TRANSCRIPT, *why])
     from jinja2 import TemplateError
     tok, used, kw = lm.tokenizer, [], {}
     if thinking is not None:
@@ -58,8 +70,17 @@ def render_prompt(lm: LoadedModel, prompt: str, mode: str, system: str = "",
     return text, "chat" + (f" ({', '.join(used)})" if used else "")
 
 
-def transcript(history: tuple, prompt: str) -> str:
-    """A conversation as plain text, for a model without a chat template: one "User:"/"Assistant:" line per message,
-    ending with the assistant's turn to write."""
+def transcript(history: tuple, prompt: str, system: str = "") -> str:
+    """A conversation as plain text, for a model without a chat template: the system prompt, then one
+    "User:"/"Assistant:" line per message, ending with the assistant's turn to write."""
     lines = [f"{role.capitalize()}: {text}" for role, text in history]
-    return "\n".join([*lines, f"User: {prompt}", "Assistant:"])
+    return "\n".join([*([system, ""] if system else []), *lines, f"User: {prompt}", "Assistant:"])
+
+
+def with_turn_end(config: DecodeConfig, models: Sequence[LoadedModel]) -> DecodeConfig:
+    """`config` with the stop string that ends a transcript's turn (`TURN_END`) when a model reads a chat prompt as
+    a transcript (chat mode, no chat template): the fused answer ends where that member's turn ends, as a chat
+    template's end-of-turn token ends the others'. Unchanged otherwise."""
+    if config.mode != "chat" or TURN_END in config.stop or all(lm.has_chat_template for lm in models):
+        return config
+    return replace(config, stop=(*config.stop, TURN_END))
