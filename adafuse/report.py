@@ -1,7 +1,7 @@
 """Plain-text and row views of a trace, shared by the CLI, the benchmark and the app."""
 from __future__ import annotations
 
-from .trace import Trace
+from .trace import EXPLORING, SPAN_WRITING, Round, StepMode, Trace
 
 
 def show(text: str, width: int = 40) -> str:
@@ -59,3 +59,63 @@ def format_table(rows: list[dict]) -> str:
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
     line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+# ---- a round in plain words ----
+UNIT_WORDS = {"token": "per token", "word": "per word", "byte": "per byte"}
+
+
+def round_sentence(trace: Trace, r: Round) -> str:
+    """Round `r` of `trace` (decided, or pending) in plain words: what each model did and why (its margin Δ against
+    τΔ), and what chose the text (the fused score, its unit and weights, or a hand's pick). E.g. "Both models were
+    unsure (Δ 0.12, 0.30 < τΔ 0.70), so each offered up to 3 first words; of 5 candidates, their average NLL per byte
+    chose “Shakespeare” (1.21; runner-up “The” 1.80)." """
+    settings = trace.settings_at(r.index)
+    tau = float(settings.get("tau", 0.0))
+    sure, unsure, other = [], [], []
+    for s in r.steps:
+        d = f"{s.margins[0]:.2f}" if s.margins else "–"
+        (sure if s.mode in SPAN_WRITING else unsure if s.mode in EXPLORING else other).append((s, d))
+    parts = []
+    if len(trace.models) == 1:
+        parts.append(f"{trace.models[0]} alone wrote its likeliest next word")
+    elif sure:
+        names = _names([s.model for s, _ in sure], len(r.steps))
+        margins = ", ".join(d for _, d in sure)
+        parts.append(f"{names} {'was' if len(sure) == 1 else 'were'} sure (Δ {margins} ≥ τΔ {tau:.2f}), so "
+                     f"{'it' if len(sure) == 1 else 'each'} wrote up to {settings.get('max_words', '?')} words")
+    if unsure and len(trace.models) > 1:
+        names = _names([s.model for s, _ in unsure], len(r.steps))
+        how = "a beam over" if unsure[0][0].mode == StepMode.BEAM else "up to"
+        margins, b = ", ".join(d for _, d in unsure), settings.get("branches", "?")
+        parts.append(f"{names} {'was' if len(unsure) == 1 else 'were'} unsure (Δ {margins} < τΔ {tau:.2f}), so "
+                     f"{'it' if len(unsure) == 1 else 'each'} offered {how} {b} first words")
+    for s, _ in other:
+        parts.append(f"{s.model} {'sat this round out' if s.mode == StepMode.IDLE else 'worked ' + str(s.mode)}")
+    did = "; ".join(parts) or f"round {r.index}"
+    c = r.candidates[r.chosen]
+    label = f"“{candidate_label(c.text, c.eos)}”"
+    if r.overridden:
+        w = r.candidates[r.winner]
+        return f"{did}. You picked {label}; the scores preferred “{candidate_label(w.text, w.eos)}”."
+    if len(r.candidates) == 1:
+        return f"{did}; one candidate, {label}, so nothing was scored."
+    if len(trace.models) == 1 or c.fused is None:
+        return f"{did}; {len(r.candidates)} candidates, {label} chosen."
+    unit = UNIT_WORDS.get(settings.get("normalize") or "token", "per token")
+    weights = r.weights or {}
+    mean = ("the learned gate's weighted average" if r.features else "their weighted average"
+            if len(set(weights.values())) > 1 else "their average")
+    rivals = sorted((x for i, x in enumerate(r.candidates) if i != r.chosen and x.fused is not None),
+                    key=lambda x: x.fused)
+    runner = f"; runner-up “{candidate_label(rivals[0].text, rivals[0].eos)}” {rivals[0].fused:.2f}" \
+        if rivals else ""
+    return (f"{did}; of {len(r.candidates)} candidates, {mean} NLL {unit} (lower is likelier) chose {label} "
+            f"({c.fused:.2f}{runner}).")
+
+
+def _names(models: list[str], of: int) -> str:
+    """"Both models", "All 3 models", or the names."""
+    if len(models) == of > 1:
+        return "Both models" if of == 2 else f"All {of} models"
+    return " and ".join(models)

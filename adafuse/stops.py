@@ -134,3 +134,18 @@ def _answer(lines: list[str], cue_at: int, bare: str | None, first: str | None) 
             break
         out.append(line)
     return [x for x in out if x.strip()]
+
+
+def bare_question(prompt: str | None) -> bool:
+    """A question typed as it is asked ("Who wrote Hamlet?"): a line or two, no field label, ending with a question
+    mark. Read raw, a base model goes on as if writing a list of questions: it is better asked as a chat message
+    (`mode="chat"`) or in a Question/Answer frame (`qa_frame`)."""
+    text = (prompt or "").strip()
+    lines = [line for line in text.split("\n") if line.strip()]
+    return bool(text) and text.endswith(_ASKS) and len(lines) <= 2 and not any(_label(line) for line in lines)
+
+
+def qa_frame(prompt: str) -> str:
+    """A bare question in the Question/Answer frame the benchmark tasks use: "Question: …\\nAnswer:" (its stop
+    proposal is "\\n": the answer is the rest of that line)."""
+    return f"Question: {' '.join(prompt.split())}\nAnswer:"

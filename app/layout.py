@@ -11,7 +11,7 @@ from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig
 from adafuse.harness.tasks import TASKS, data_source
 from adafuse.methods import BASELINE, MAX_MODELS
 
-from . import analysis, plots
+from . import analysis, plots, teach
 from .answers import ANSWERS, MAX_ANSWER_CHARS, QUESTION, no_figure, no_frame
 from .controller import COMPARE_METHODS, EVAL_METHODS, device_choices, loaded_frame, remote_code_allowed
 from .explain_html import tree_html
@@ -29,11 +29,11 @@ def settings_controls(ui: SimpleNamespace) -> None:
                                  "(auto: spread over every GPU; dtype float32, bfloat16 or float16); a model on a "
                                  "vLLM server: `vllm:http://HOST:PORT/v1#SERVED-NAME`.")
     ui.tau = setting(TAU, value=DecodeConfig.tau, label="τΔ: commit when Δ ≥ τΔ", render=False,
-                     elem_id="af-tau")
+                     elem_id="af-tau", info=teach.TAU_INFO)
     ui.max_words = setting(MAX_WORDS, value=DecodeConfig.max_words, label="M: most words per confident round",
-                           render=False, elem_id="af-m")
+                           render=False, elem_id="af-m", info=teach.M_INFO)
     ui.branches = setting(BRANCHES, value=DecodeConfig.branches, label="B: candidates when unsure",
-                          render=False, elem_id="af-b")
+                          render=False, elem_id="af-b", info=teach.B_INFO)
     ui.diversity = gr.Checkbox(DecodeConfig.diversity, label="Diverse exploration (off = beam search)", render=False,
                                elem_id="af-diversity")
     ui.exploration = gr.Radio(["surface", "embedding"], value=DecodeConfig.exploration, render=False,
@@ -42,7 +42,7 @@ def settings_controls(ui: SimpleNamespace) -> None:
                               info="embedding: each next first token maximizes log p − λ·(similarity of its input "
                                    "embedding to the tokens already picked)")
     ui.lam = setting(LAMBDA, value=1.0, label="λ: redundancy penalty (embedding; 0 = surface)",
-                     render=False, elem_id="af-lambda")
+                     render=False, elem_id="af-lambda", info=teach.LAMBDA_INFO)
     ui.max_new_words = setting(MAX_NEW_WORDS, value=40, label="Max new words", render=False,
                                elem_id="af-max-words")
     ui.max_new_tokens = setting(MAX_NEW_TOKENS, value=1024, elem_id="af-max-tokens", render=False,
@@ -66,6 +66,7 @@ def main_column(ui: SimpleNamespace, examples: list[dict]) -> None:
                            placeholder="Type a prompt or pick an example below. Small models answer "
                                        "better after one worked example: \"Question: What is the capital "
                                        "of Italy?\nAnswer: Rome\n\nQuestion: Who wrote Hamlet?\nAnswer:\"")
+    teach.bare_question_hint(ui)
     with gr.Row():
         ui.run_btn = gr.Button("▶ Run", variant="primary", elem_id="af-run")
         ui.step_btn = gr.Button("Step ›", elem_id="af-step")
@@ -142,6 +143,7 @@ def settings_column(ui: SimpleNamespace) -> None:
                            interactive=remote_code_allowed(),
                            info=None if remote_code_allowed() else "off on this server "
                                 "(ADAFUSE_ALLOW_REMOTE_CODE)")
+    teach.how_it_works(ui)
     for c in (ui.tau, ui.max_words, ui.branches, ui.diversity, ui.exploration, ui.lam, ui.max_new_words,
               ui.max_new_tokens, ui.mode, ui.stop):
         c.render()

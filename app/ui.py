@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from . import api, layout
+from . import api, layout, teach
 from .controller import DECODE_QUEUE, load_examples, slots
 from .handlers import (on_answers, on_branch, on_cancel, on_eval, on_filter, on_live, on_load, on_member, on_open,
                        on_pick_row, on_prompt, on_reset, on_round, on_run, on_step, on_tokens, on_unload, on_upload)
@@ -92,6 +92,15 @@ def wire_decoding(ui: SimpleNamespace) -> None:
         trigger(on_prompt, [ui.prompt, ui.mode, ui.stop, proposed], [ui.stop, proposed],
                 show_progress="hidden", trigger_mode="always_last", **hidden)
     ui.stop.input(lambda: USER, None, [proposed], show_progress="hidden", **hidden)
+    # a bare question read raw: the hint under the prompt offers chat mode or the Question/Answer frame in one click,
+    # each followed by its stop proposal
+    for trigger in (ui.prompt.input, ui.mode.input, ui.demo.load):
+        trigger(teach.on_bare, [ui.prompt, ui.mode], [ui.bare], show_progress="hidden", trigger_mode="always_last",
+                **hidden)
+    restop = dict(fn=on_prompt, inputs=[ui.prompt, ui.mode, ui.stop, proposed], outputs=[ui.stop, proposed],
+                  show_progress="hidden", **hidden)
+    ui.bare_frame.click(teach.on_frame, [ui.prompt], [ui.prompt, ui.bare], **hidden).then(**restop)
+    ui.bare_chat.click(teach.on_chat, None, [ui.mode, ui.bare], **hidden).then(**restop)
     # a prompt already in the box when the page loads (restored by the browser) gets its proposal too
     ui.demo.load(on_prompt, [ui.prompt, ui.mode, ui.stop, proposed], [ui.stop, proposed], show_progress="hidden",
                  **hidden)

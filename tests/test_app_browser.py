@@ -199,8 +199,8 @@ def test_decision_tree_branches_and_token_view(page):
     pg.get_by_label("Also run each model alone (greedy)").uncheck()
     cap_words(pg, 12)
     pg.locator("#af-run").click()
-    assert "gemma3-270m has no chat template" in wait_status(pg, "✓ done")  # chat read raw: said on the page
-    assert "read raw (no chat template): gemma3-270m" in pg.locator("#af-fused .af-legend").inner_text()
+    assert "gemma3-270m has no chat template: read as a User/Assistant transcript" in wait_status(pg, "✓ done")
+    assert "read as a transcript (no chat template): gemma3-270m" in pg.locator("#af-fused .af-legend").inner_text()
     open_tab(pg, "Tree")
     nodes = pg.locator("#af-tree button[data-node]")
     assert nodes.count() > 0, "no round had a candidate that was not chosen"
@@ -607,3 +607,40 @@ def test_a_typed_value_a_slider_cannot_show_is_snapped_visibly(page):
         pg.locator(f"{slider} input[type=number]").fill(value)
         pg.locator(f"{slider} input[type=number]").press("Tab")
         expect(pg.locator(f"{slider} input[type=range]")).to_have_value(value)
+
+
+def test_the_page_teaches_a_round_and_a_bare_question_gets_a_better_way_in_one_click(page):
+    """Beside the settings: what a round, Δ, τΔ, M, B, NLL and the fused score are, and what each slider's extremes
+    do. A bare question typed raw shows the hint; one click frames it (the "\\n" stop proposed with it), the other
+    switches to chat mode; the Pool tab says the round in words."""
+    pg = page
+    pg.reload()
+    pg.get_by_text("AdaFuse Explorer").first.wait_for()
+    how = pg.locator("#af-how-text").inner_text()
+    for term in ("A round", "Δ", "τΔ", "M", "B", "NLL", "fused score", "per token", "Speculative proposals", "λ"):
+        assert term in how, term
+    assert "1: never sure" in pg.locator("#af-tau").inner_text() and "5: up to five" in pg.locator("#af-m").inner_text()
+    hint, box = pg.locator("#af-bare"), pg.locator("#af-prompt textarea")
+    assert not hint.is_visible()
+    box.fill("")
+    box.type("Who wrote Hamlet?")
+    expect(hint).to_be_visible(timeout=20_000)
+    pg.locator("#af-bare-frame").click()
+    expect(box).to_have_value("Question: Who wrote Hamlet?\nAnswer:", timeout=20_000)
+    expect(pg.locator("#af-stop textarea")).to_have_value("\\n", timeout=20_000)
+    expect(hint).to_be_hidden()
+    box.fill("")
+    box.type("Who painted the Mona Lisa?")
+    expect(hint).to_be_visible(timeout=20_000)
+    pg.locator("#af-bare-chat").click()
+    expect(pg.get_by_label("chat", exact=True)).to_be_checked(timeout=20_000)
+    expect(hint).to_be_hidden()
+    assert pg.locator("#af-stop textarea").input_value() == ""  # chat mode: no line-break stop
+    pg.get_by_label("raw", exact=True).check()
+    pg.locator("#af-run").click()
+    wait_status(pg, "✓ done")
+    open_tab(pg, "Pool")
+    expect(pg.locator("#af-pool .gtitle")).to_contain_text("round", timeout=20_000)
+    said = pg.locator("#af-pool .gtitle").text_content()
+    assert "τΔ" in said and ("chose" in said or "nothing was scored" in said), said
+    pg.screenshot(path=str(SHOTS / "teach.png"), full_page=True)

@@ -56,7 +56,7 @@ def test_pool_hover_names_models_in_full_and_labels_the_end_readably():
     t.rounds[1].candidates.append(Candidate("", True, ["a"], {"a": 1.0, long: 1.5}, {"a": 1, long: 1}, 1.25, 0))
     fig = plots.pool_figure(t, 1)
     assert fig.layout.hoverlabel.namelength == -1
-    bars = next(d for d in fig.data if d.name == f"NLL {long}")
+    bars = next(d for d in fig.data if d.name == f"NLL per token {long}")
     assert bars.hovertemplate.endswith("<extra></extra>")  # no cut trace-name box beside the hover
     assert all(long in h for h in bars.hovertext)
     assert list(fig.data[0].x)[3] == "3: ⏎ end"  # an empty end candidate reads "⏎ end", not a bare symbol
@@ -67,7 +67,7 @@ def test_pool_hover_names_models_in_full_and_labels_the_end_readably():
 def test_pool_figure_bars_per_model_fused_markers_and_winner():
     fig = plots.pool_figure(two_rounds(), 1)
     names = [t.name for t in fig.data]
-    assert names == ["NLL a", "NLL b", "fused (mean over models)"]
+    assert names == ["NLL per token a", "NLL per token b", "fused (mean over models)"]
     assert list(fig.data[2].y) == [0.3, 1.2, 2.0]
     texts = [a.text for a in fig.layout.annotations]
     assert "★ winner" in texts and "✎ your pick" in texts
@@ -75,6 +75,7 @@ def test_pool_figure_bars_per_model_fused_markers_and_winner():
     assert winner.x.startswith("0:")
     assert fig.layout.yaxis.title.text.startswith("NLL")
     assert "blue.⏎ ⏎ end" in fig.data[0].x[2]  # newline made visible, the end of the answer labelled
+    assert "You picked “ was”; the scores preferred “ is”" in fig.layout.title.text  # the round in words
 
 
 def test_words_per_round_shares():

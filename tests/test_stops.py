@@ -150,3 +150,16 @@ def test_each_task_prompt_gets_the_tasks_own_stop(name):
 def _same_labels(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     """The same labels, after however many line breaks ("\\nQuestion:" and "\\n\\nQuestion:")."""
     return all(x.strip() for x in a + b) and [x.strip() for x in a] == [x.strip() for x in b]
+
+
+def test_a_bare_question_is_told_from_a_framed_one():
+    """A question typed as asked (no label, ending with a question mark, in any script) gets the app's hint; a framed
+    prompt, a text to continue or a labelled question does not. The frame it offers gets the "\\n" stop."""
+    from adafuse.stops import bare_question, qa_frame
+    for bare in ("Who wrote Hamlet?", "  Who wrote Hamlet?\n", "東京はどこですか？", "Hi.\nWho are you?"):
+        assert bare_question(bare), bare
+    for not_bare in ("", "Question: Who wrote Hamlet?", "Who wrote Hamlet?\nAnswer:", "The capital of France is",
+                     "Q: 2+2?", "a\nb\nc?"):
+        assert not bare_question(not_bare), not_bare
+    assert qa_frame(" Who wrote\nHamlet? ") == "Question: Who wrote Hamlet?\nAnswer:"
+    assert propose_stops(qa_frame("Who wrote Hamlet?")) == ("\n",)

@@ -8,7 +8,7 @@ from typing import Iterable
 
 import plotly.graph_objects as go
 
-from ..report import candidate_label
+from ..report import candidate_label, round_sentence
 from ..trace import EXPLORING, SPAN_WRITING, Round, Trace, candidate_nll
 
 KIND_COLORS = {"commit": "#c8ecd4", "explore": "#fde2b8", "override": "#e3d2fb"}
@@ -116,8 +116,8 @@ def pool_figure(trace: Trace | None, index: int | None = None, pending: Round | 
         return empty_figure(title)
     labels = [f"{i}: {candidate_label(c.text, c.eos)}" for i, c in enumerate(r.candidates)]
     models = trace.models if trace else sorted({m for c in r.candidates for m in c.nll})
-    per = (trace.settings.get("normalize") if trace else None) or "token"  # the NLLs as the fused score averaged them
-    unit = " per word" if per == "word" else ""
+    per = (trace.settings_at(r.index).get("normalize") if trace else None) or "token"  # as the fused score took them
+    unit = f" per {per}"
     fig = go.Figure()
     for k, model in enumerate(models):
         fig.add_trace(go.Bar(x=labels, y=[candidate_nll(c, model, per) for c in r.candidates],
@@ -144,8 +144,26 @@ def pool_figure(trace: Trace | None, index: int | None = None, pending: Round | 
     if all(v is None for v in fused):
         fig.add_annotation(text="one candidate only: nothing to score", showarrow=False, yref="paper", y=0.5)
     fig.update_xaxes(tickfont=dict(size=13))  # "⏎ end" at the size of every other label
-    return _layout(fig, f"{title}: round {r.index} ({state})", "candidate (proposers in hover)",
-                   f"NLL{unit} (lower is better)")
+    fig = _layout(fig, f"{title}: round {r.index} ({state})", "candidate (proposers in hover)",
+                  f"NLL{unit} (lower is better)")
+    if trace is not None:  # the round in plain words, under the title (wrapped: a figure's title does not wrap)
+        lines = _wrap(html.escape(round_sentence(trace, r)), 110)
+        fig.update_layout(title=dict(text=f"{title}: round {r.index} ({state})"
+                                          + "".join(f"<br><sup>{line}</sup>" for line in lines)),
+                          margin=dict(t=50 + 18 * len(lines)), height=360 + 18 * len(lines))
+    return fig
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` characters, broken at spaces (a figure's title does not wrap)."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*lines, line]
 
 
 def _hover(c, model: str) -> str:
