@@ -94,7 +94,7 @@ def test_four_decodes_in_flight_with_a_served_member_give_their_own_traces(remot
     import time
     cfg = DecodeConfig(stop=("\n",), max_new_words=12, explore_top_k=20)
     prompts = [qa_prompt("nq", i) for i in range(2)] + [qa_prompt("triviaqa", i) for i in range(5, 7)]
-    local = [AdaFuse([pair[0], pair[1]], cfg).generate(p).output for p in prompts]
+    local = [t.output for t in AdaFuse([pair[0], pair[1]], cfg).generate_many(prompts, concurrency=4)]  # as alone
     ens = AdaFuse([remote, pair[1]], cfg)
     t0 = time.perf_counter()
     alone = [ens.generate(p) for p in prompts]
