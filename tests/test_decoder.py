@@ -331,3 +331,22 @@ def test_the_newcomers_raw_question_per_token_and_per_word(hamlet, pair):
     check_trace(by_word)
     assert "Shakespeare" in by_word.output and len(by_word.output.split()) <= 3, by_word.output
     assert by_word.stop_reason in ("stop string", "eos"), by_word.stop_reason
+
+
+def test_every_built_in_raw_example_answers_and_stops(pair):
+    """The app's raw examples (assets/examples.json) at the library's defaults with the settings each example sets (its
+    stop strings, its word cap): every one answers (not empty) and ends at its stop string or the model's end, not at
+    the cap. The examples sharing settings decode together (many decodes at once: the same traces as alone)."""
+    from adafuse.stops import parse_stops
+    from app.controller import load_examples
+    groups: dict[tuple, list[dict]] = {}
+    for e in load_examples():
+        if e["mode"] == "raw":
+            groups.setdefault((e["stop"], int(e["max_words"])), []).append(e)
+    assert sum(len(g) for g in groups.values()) == 8
+    for (stop, words), examples in groups.items():
+        traces = AdaFuse(pair, DecodeConfig(stop=parse_stops(stop), max_new_words=words)).generate_many(
+            [e["prompt"] for e in examples], concurrency=len(examples))
+        for e, t in zip(examples, traces):
+            assert t.output.strip() and t.stop_reason in ("stop string", "eos"), (e["label"], t.output,
+                                                                                   t.stop_reason)
