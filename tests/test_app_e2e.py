@@ -26,7 +26,7 @@ def page(chromium, server):
 
 
 WRONG_BUT_MEMBER = "ensemble wrong, a member right"
-LINES = 5  # SQuAD lines the scenario evaluates (line 3: the ensemble wrong where a member is right)
+LINES = 3  # SQuAD lines the scenario evaluates (line 3: the ensemble wrong where a member is right)
 
 
 def eval_status(pg) -> str:
@@ -44,7 +44,7 @@ def table_lines(pg) -> list[int]:
 
 
 def test_scenario_from_an_evaluation_to_the_round_where_the_ensemble_left_a_member(page, tmp_path):
-    """Evaluate 5 SQuAD lines → filter "ensemble wrong, a member right" → open the first: the prompt, gold and
+    """Evaluate 3 SQuAD lines → filter "ensemble wrong, a member right" → open the first: the prompt, gold and
     every method's answer are there, the divergence sentence names the round and the candidate, the Pool tab shows
     that round, and Run asks before replacing the opened trace."""
     pg = page
