@@ -97,9 +97,13 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> ApiE
 
 
 def check_model(name: str, limits: Limits) -> None:
+    """The one name a request may give a model. A request names no member, path, device or server: the members are
+    loaded when the server starts (`--models`), so a Hub id, a folder or a `vllm:` spec here loads and reaches
+    nothing."""
     if name != limits.name:
         raise ApiError(404, f"the model {name!r} does not exist: this server serves one model, {limits.name!r} "
-                            "(GET /v1/models lists it)", param="model", code="model_not_found")
+                            "(GET /v1/models lists it); its members are the operator's (adafuse serve --models)",
+                       param="model", code="model_not_found")
 
 
 def _settings(req: _Request, base: DecodeConfig, limits: Limits, max_tokens: int | None,
