@@ -1,5 +1,5 @@
-"""AdaFuse Explorer: `python app.py [--host H] [--port P] [--share] [--auth USER:PASS]` serves the UI on the embedded
-default pair (Hugging Face Spaces entry point: `demo` is built on import)."""
+"""AdaFuse Explorer: `python app.py [--host H] [--port P] [--share] [--auth USER:PASS] [--public | --private]` serves
+the UI on the embedded default pair (Hugging Face Spaces entry point: `demo` is built on import)."""
 import argparse
 import os
 
@@ -34,6 +34,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--share", action="store_true", help="also serve through a temporary public gradio.live link")
     p.add_argument("--auth", type=_auth, default=env("ADAFUSE_AUTH") or None, metavar="USER:PASS",
                    help="ask for this user name and password (env ADAFUSE_AUTH)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--public", dest="public", action="store_const", const=True,
+                      help="public mode whatever the host: visitors pick only the operator's models (ADAFUSE_MODELS) "
+                           "and servers (ADAFUSE_SERVERS), within per-visitor limits; on by default with SPACE_ID set, "
+                           "--share or a host beyond loopback")
+    mode.add_argument("--private", dest="public", action="store_const", const=False,
+                      help="no public mode even so: every visitor may load any model or path, unload, move models")
     return p.parse_args(argv)
 
 
@@ -41,6 +48,7 @@ if __name__ == "__main__":
     ARGS = parse_args()  # before the imports below: a bad flag or --help answers at once
 
 from app.gpu import ZERO_GPU  # noqa: E402  (first: on ZeroGPU, importing `spaces` patches torch)
+from app.public import Policy, configure  # noqa: E402
 from app.ui import CSS, build_demo  # noqa: E402  (import from app.* at the top: reload mode swaps "app")
 
 if ZERO_GPU:  # ZeroGPU wants the weights placed at startup; model work then runs in GPU leases (app/leases.py)
@@ -49,8 +57,13 @@ if ZERO_GPU:  # ZeroGPU wants the weights placed at startup; model work then run
     for name in DEFAULT_PAIR:
         MODELS.get(name, device="cuda")
 
-demo = build_demo()
+# who may do what: launched here, from the flags (public with --share, a host beyond loopback or SPACE_ID set);
+# imported (Spaces' reload mode), from the environment when asked
+RULES = configure(Policy.from_env(ARGS.public, "--public" if ARGS.public else "", ARGS.host, ARGS.share)) \
+    if __name__ == "__main__" else None
+demo = build_demo(RULES)
 
 if __name__ == "__main__":
     demo.queue(default_concurrency_limit=2, max_size=32).launch(
-        server_name=ARGS.host, server_port=ARGS.port, share=ARGS.share, auth=ARGS.auth, css=CSS)
+        server_name=ARGS.host, server_port=ARGS.port, share=ARGS.share, auth=ARGS.auth, css=CSS,
+        max_file_size="10mb" if RULES.public else None)  # the only upload: a trace to load

@@ -3,13 +3,19 @@ import time
 
 import gradio as gr
 
-from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, AdaFuse, DecodeConfig, Trace
+from adafuse import BUNDLED, DEFAULT_PAIR, PAPER_MODELS, DecodeConfig, Trace
 from adafuse.methods import MAX_MODELS
 from adafuse.errors import AdafuseError, ConfigError, PromptError
+from adafuse.many import DEFAULT_DEADLINE_S
 from adafuse.stops import parse_stops
 
-from .controller import DECODE_QUEUE, MODELS, slots
+from . import controller, public
+from .controller import DECODE_QUEUE, Explorer, model_specs, slots
 from .gpu import gpu
+
+# seconds one /decode may run, as the page's decodes and `adafuse serve --timeout`: then it stops before its next
+# round, keeping its words (stop reason "deadline")
+DEADLINE_S = DEFAULT_DEADLINE_S
 
 
 def _model_names(models: list[str] | str) -> list[str]:
@@ -38,13 +44,15 @@ def decode(prompt: str, models: list[str] | str = ",".join(DEFAULT_PAIR), tau: f
            branches: int = 3, max_new_words: int = 40, mode: str = "raw", stop: list[str] | str = "",
            system: str = "", thinking: bool | None = None) -> dict:
     """Decode `prompt` with an ensemble of 2-4 models (names separated by commas). `stop`: one stop string per line,
-    \\n written as an escape (or a list). Returns the output, its words and rounds, why it stopped, and the trace."""
+    \\n written as an escape (or a list). Returns the output, its words and rounds, why it stopped, and the trace.
+    On a public server the page's rules hold (`public.Policy`: the operator's models, the visitor's limits)."""
     try:
         if not isinstance(prompt, str) or not prompt.strip():
             raise PromptError("the prompt is empty: give the text to continue, e.g. 'Question: ...\\nAnswer:'")
         cfg = DecodeConfig(tau=tau, max_words=max_words, branches=branches, max_new_words=max_new_words, mode=mode,
                            stop=_stops(stop), system=system, thinking=thinking)
-        names = _model_names(models)
+        names = model_specs(_model_names(models))  # refused here, before any wait: nothing loads, nothing is reached
+        public.admit(prompt, cfg.max_new_words)
         ticket = slots().ticket()  # in line with the page's decodes, holding no GPU while it waits
         try:
             while not slots().try_take(ticket):
@@ -60,9 +68,10 @@ def decode(prompt: str, models: list[str] | str = ",".join(DEFAULT_PAIR), tau: f
 
 @gpu
 def _generate(names: list[str], cfg: DecodeConfig, prompt: str) -> Trace:
-    """/decode's lease (app/gpu.py): the models loaded (or as loaded already), then the whole decode."""
+    """/decode's lease (app/gpu.py): the models loaded (or as loaded already), then the whole decode, within the
+    server's deadline (`DEADLINE_S`)."""
     try:
-        return AdaFuse([MODELS.get(n) for n in names], cfg).generate(prompt)
+        return Explorer().decode(names, cfg, prompt, DEADLINE_S)
     except AdafuseError as exc:  # typed here: ZeroGPU hands other errors back from its worker as a bare class name
         raise _client_error(exc) from exc
 
@@ -74,9 +83,12 @@ def _client_error(exc: AdafuseError) -> gr.Error:
 
 
 def list_models() -> dict:
-    """Model names to try: the bundled pair (offline), the paper's models (Hub ids), and the models loaded now."""
-    return {"bundled": list(BUNDLED), "default_pair": list(DEFAULT_PAIR), "paper": list(PAPER_MODELS),
-            "loaded": [lm.info() for lm in MODELS.loaded()]}
+    """Model names to try: the bundled pair (offline), the paper's models (Hub ids), the models loaded now, and on a
+    public server the ones its operator allows (`allowed`, and `servers` for vllm:URL#NAME; `public` says which)."""
+    rules = public.policy()
+    out = {"bundled": list(BUNDLED), "default_pair": list(DEFAULT_PAIR), "paper": list(PAPER_MODELS),
+           "loaded": [lm.info() for lm in controller.MODELS.loaded()], "public": rules.public}
+    return out | ({"allowed": list(rules.models), "servers": list(rules.servers)} if rules.public else {})
 
 
 def register() -> None:

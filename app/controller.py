@@ -5,7 +5,6 @@ import functools
 import json
 import os
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +22,9 @@ from adafuse.method_registry import from_spec, method_specs, to_spec
 from adafuse.methods import Greedy
 from adafuse.models import ModelRegistry, is_served_spec, parse_spec
 
-from . import analysis
+from . import analysis, public
+from .public import remote_code_allowed  # noqa: F401  (the page and tests ask it here)
+from .session_lock import SessionLock
 from .slots import Slots
 
 # The method registry's runs as the Evaluate tab offers them, and the ensembles the page can decode side by side
@@ -39,8 +40,6 @@ def decode_slots(value: str) -> int:
                           f"on this server), or unset it for {DEFAULT_CONCURRENCY}")
     return int(value)
 
-
-_LIVE = threading.Lock()  # a Run's thread takes the settings a visitor's other handler leaves for it
 
 # The app's models: every visitor's decodes share them (each loaded once; the least recently used unloaded for room)
 MODELS = ModelRegistry()
@@ -81,10 +80,15 @@ def device_choices() -> list[str]:
 
 
 def model_specs(names, device: str | None = None) -> list[str]:
-    """`validate_models`, then `@DEVICE` added to each name that does not place itself (`MODEL@cuda:1`); "default"
-    or None adds nothing. A bad device or dtype raises ModelLoadError here, before any model loads."""
+    """`validate_models` and the app's policy (`public.Policy`: on a public server only the operator's models, no
+    device of the visitor's), then `@DEVICE` added to each name that does not place itself (`MODEL@cuda:1`);
+    "default" or None adds nothing. A bad device or dtype raises ModelLoadError here, before any model loads."""
+    names, rules = validate_models(names), public.policy()
+    for n in names:
+        rules.check_model(n)
+    rules.check_device(device)
     out = []
-    for n in validate_models(names):
+    for n in names:
         if device and device != "default" and parse_spec(n)[1] is None and not is_served_spec(n):
             n = f"{n}@{device}"
         parse_spec(n)
@@ -113,21 +117,12 @@ def loaded_frame(models=None):
 
 
 def unload(name: str | None) -> str:
+    public.policy().check_unload()
     if not name:
         raise ConfigError("pick a loaded model to unload")
     if not MODELS.unload(name):
         return f"{name} is not loaded"
     return f"✓ unloaded {name} (its memory is freed once no decode in progress holds it)"
-
-
-def remote_code_allowed() -> bool:
-    """Whether visitors may tick "Trust remote code" (which runs a model repository's Python on this server):
-    ADAFUSE_ALLOW_REMOTE_CODE=1/0; unset, yes on one's own machine and no on a Hugging Face Space (SPACE_ID set),
-    where anyone who opens the page could otherwise run any repository's code there."""
-    flag = os.environ.get("ADAFUSE_ALLOW_REMOTE_CODE", "").strip().lower()
-    if flag:
-        return flag in ("1", "true", "yes", "on")
-    return not os.environ.get("SPACE_ID")
 
 
 @dataclass
@@ -150,6 +145,7 @@ class Explorer:
     trust_remote_code: bool = False    # the page's "Trust remote code" switch: models whose repo ships Python may run it
     replaced_by: "Explorer | None" = None  # Reset made a fresh session: a run still ending here must show that one
     deadline: float | None = None      # time.monotonic() by which the decodes holding a slot stop (`hold_slot`)
+    guard: SessionLock = field(default_factory=SessionLock, repr=False, compare=False)  # this session's own
 
     @property
     def pending(self):
@@ -165,7 +161,17 @@ class Explorer:
         return self.trust_remote_code
 
     def _get(self, name: str):
+        public.policy().check_model(name)  # also the names a loaded trace gives (its tokens, a branch)
         return MODELS.get(name, trust_remote_code=self.trusted)
+
+    def claim(self) -> bool:
+        """A press that decodes (Run, Step, Branch) takes the session, or finds it taken (False): the test and the
+        take are one step, so two quick presses start one decode."""
+        with self.guard:
+            if self.running:
+                return False
+            self.running, self.cancel_requested = True, False
+            return True
 
     def models(self, names, device: str | None = None) -> list:
         """The page's models, loaded (or as loaded already) on `device`."""
@@ -249,14 +255,14 @@ class Explorer:
         old, new = base.to_dict(), cfg.to_dict()
         fixed = [_SETTING_NAMES.get(k, k) for k in new if k not in LIVE_SETTINGS and new[k] != old[k]]
         live = replace(base, **{k: getattr(cfg, k) for k in LIVE_SETTINGS})
-        with _LIVE:
+        with self.guard:
             self.live_config = live if live != base else None
             return fixed, self.live_config is not None
 
     def apply_live(self, d: Decoding) -> str:
         """Between two rounds of a Run: apply the settings moved meanwhile (`live_config`) from the next round;
         what changed, in words ("" when nothing did; a setting this decode cannot take says why instead)."""
-        with _LIVE:
+        with self.guard:
             cfg, self.live_config = self.live_config, None
         if cfg is None or d.done:
             return ""
@@ -288,6 +294,12 @@ class Explorer:
                 return None
             d.step()
         return d.trace
+
+    def decode(self, names, cfg: DecodeConfig, prompt: str, seconds: float = DEFAULT_DEADLINE_S) -> Trace:
+        """A whole decode of the scripting API (`/decode`): the models as the page gets them, stopped before its next
+        round once `seconds` have passed (its stop reason "deadline"), as the page's decodes and `adafuse serve`'s."""
+        self.hold_slot(seconds)
+        return self._finish(AdaFuse(self.models(names), cfg).start(prompt))
 
     def run_others(self, names, cfg: DecodeConfig, prompt: str, labels, device: str | None = None):
         models = self.models(names, device)

@@ -12,10 +12,10 @@ import pandas as pd
 from adafuse.gate import load_gate
 from adafuse.stops import format_stops, propose_stops
 
-from . import analysis, leases, plots
+from . import analysis, leases, plots, public
 from .answers import (answers_figure, answers_frame, answers_summary, blank_note, check_answers, no_figure,
                       no_frame)
-from .controller import Explorer, friendly, unload
+from .controller import Explorer, friendly, model_specs, unload
 from .divergence_view import divergence_figure, divergence_html
 from .explain_html import token_view_html
 from .gpu import gpu
@@ -69,19 +69,24 @@ def session(ex: Explorer | None, allow) -> Explorer:
 
 
 def planned(ex: Explorer, names, s, prompt_text: str, dev, button: str, step: bool = False):
-    """What Run and Step do before decoding: the settings read from the page and what the press would do to the decode
-    on view (`Explorer.plan`). Returns (settings, what changed, outputs asking to press again or None): a press that
-    would drop unfinished rounds, replace an opened trace or start a finished decode over asks first."""
+    """What Run and Step do before decoding, once the press has taken the session (`Explorer.claim`): the settings
+    read from the page, what the press would do to the decode on view (`Explorer.plan`) and the visitor admitted to
+    it (`public.admit`: on a public server the prompt and word cap within the limits; a press that starts a decode
+    counts against the visitor's decodes a minute). Returns (settings, what changed, outputs asking to press again
+    or None): a press that would drop unfinished rounds, replace an opened trace or start a finished decode over asks
+    first, and leaves the session free."""
     cfg = _settings(*s)
     kind, what = ex.plan(names, cfg, prompt_text, dev, step=step)
     if kind in ("confirm", "replace", "finished"):
+        ex.running = False
         return cfg, what, (ex, *render(ex, _confirm(ex, kind, what, button)))
+    public.admit(prompt_text, cfg.max_new_words, decodes=0 if step and kind == "continue" else 1)
     return cfg, what, None
 
 
 def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, picked, *s):
     ex = session(ex, allow)
-    if ex.running:
+    if not ex.claim():
         yield (ex, *only_status("A decode is already running in this session: wait, or press ■ Cancel."))
         return
     ticket, pressed = None, time.monotonic()  # the status's clock: what the visitor waited, each part named
@@ -90,7 +95,7 @@ def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, pick
         if asked:
             yield asked
             return
-        ex.running, ex.cancel_requested, ex.live_config = True, False, None
+        ex.live_config = None
         ticket = yield from in_line(ex, "run")
         parts = {"waiting for a slot": time.monotonic() - pressed}
         if ticket is None:
@@ -110,12 +115,11 @@ def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, pick
 
 def on_step(ex, names, dev, allow, prompt_text, picked, *s):
     ex = session(ex, allow)
-    if ex.running:  # a toast: the running decode keeps writing the status line
+    if not ex.claim():  # a toast: the running decode keeps writing the status line
         msg = "Step is not available while ▶ Run is decoding: wait for it to end, or press ■ Cancel first."
         gr.Warning(msg)
         return (ex, *only_status(msg))
-    ex.running, ex.cancel_requested = True, False  # Run, Branch, loading wait; Cancel waits for the phase
-    ticket = None
+    ticket = None  # Run, Branch, loading wait; Cancel waits for the phase
     try:
         cfg, what, asked = planned(ex, names, s, prompt_text, dev, "Step ›", step=True)
         if asked:
@@ -146,12 +150,15 @@ def on_cancel(ex):
 
 def on_branch(ex, r_idx, c_idx):
     ex = ex or Explorer()
-    if ex.running:
+    if not ex.claim():
         yield (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before branching."))
         return
     ticket = None
     try:
-        ex.running, ex.cancel_requested = True, False
+        if ex.trace is not None:  # a branch decodes on with the trace's own prompt and settings (and an opened
+            for name in ex.trace.models if ex.opened else ():  # trace's own models, checked before it counts)
+                public.policy().check_model(name)
+            public.admit(ex.trace.prompt, ex.trace.settings.get("max_new_words"))
         ticket = yield from in_line(ex, "branch")
         if ticket is None:
             ex.running = False
@@ -206,6 +213,8 @@ def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v, norm,
     from adafuse.harness.evaluate import summarize
     ex = session(ex, allow)
     try:
+        model_specs(names, dev)  # the models allowed here, before the examples are counted
+        public.admit(decodes=EXAMPLES.snap(n))  # each example counts against the visitor's decodes a minute
         ex = leases.evaluate(ex, task_name, EXAMPLES.snap(n), methods, names,
                              {"tau": TAU.snap(tau_v), "max_words": MAX_WORDS.snap(m_v), "branches": BRANCHES.snap(b_v),
                               "normalize": NORMALIZE.get(norm, norm)}, dev)
@@ -234,6 +243,8 @@ def on_answers(ex, question, text, dev, allow, *s):
     ex = session(ex, allow)
     try:
         check_answers(question, text)  # input that is no choice is said before any model loads or a GPU is leased
+        model_specs(s[0], dev)  # the models allowed here, before the press is counted
+        public.admit(question, what="the question")
         answers, scored = leases.answers(ex, s[0], dev, _settings(*s), question, text)
         said = " ".join(x for x in (answers_summary(answers, scored), blank_note(text)) if x)
         return ex, said, answers_figure(answers, scored), answers_frame(answers, scored)
@@ -301,6 +312,7 @@ def on_live(ex, *s):
         return
     try:
         cfg = _settings(*s)
+        public.policy().check_words(cfg.max_new_words)  # a cap raised mid-Run is held to the limit too
         if cfg.gate and cfg.gate != ex.key[1].gate:  # a gate brings the averaging it was trained with
             cfg = replace(cfg, normalize=load_gate(cfg.gate).normalize)
         fixed, waits = ex.offer_live(cfg)

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from . import api, layout, teach
-from .controller import DECODE_QUEUE, load_examples, slots
+from . import api, layout, public, teach
+from .controller import DECODE_QUEUE, Explorer, load_examples, slots
 from .handlers import (on_answers, on_branch, on_cancel, on_eval, on_filter, on_live, on_load, on_member, on_open,
                        on_pick_row, on_prompt, on_reset, on_round, on_run, on_step, on_tokens, on_unload, on_upload)
 from .sliders import snap_typed
@@ -19,12 +19,14 @@ __all__ = ["CSS", "build_demo"]
 HIDDEN = dict(api_visibility="private")
 
 
-def build_demo() -> gr.Blocks:
+def build_demo(rules: public.Policy | None = None) -> gr.Blocks:
+    """The page; `rules`: what its visitors may do (default: the app's policy, `public.policy()`)."""
     slots()  # the decoding slots from the environment, now: a bad ADAFUSE_DECODE_SLOTS stops the launch, not a Run
+    rules = rules or public.policy()  # likewise a bad ADAFUSE_SERVERS or limit
     examples = load_examples()
     ui = SimpleNamespace()
     with gr.Blocks(title="AdaFuse Explorer") as ui.demo:
-        ui.state = gr.State(None)
+        ui.state = gr.State(Explorer())  # each visitor's own copy from the first press: two quick presses share it
         gr.Markdown(INTRO)
         layout.settings_controls(ui)
         with gr.Row():
@@ -36,6 +38,7 @@ def build_demo() -> gr.Blocks:
             layout.answers_tab(ui)
             layout.evaluate_tab(ui)
             layout.io_tab(ui)
+        public.fit_page(ui, rules)
         ui.outputs = [ui.fused, ui.compare_view, ui.margins_plot, ui.pool_plot, ui.wpr_plot, ui.rounds_df, ui.cost_df,
                       ui.cost_plot, ui.round_sel, ui.choice, ui.status, ui.download, ui.loaded_df, ui.unload_pick,
                       ui.cancel_btn, ui.tree_view, ui.picks_df, ui.example_view]

@@ -22,9 +22,9 @@ def _free_port() -> int:
 def api_url(pair):
     import gradio as gr
     from adafuse.models import default_registry
-    from app import api
+    from app import api, controller
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(api, "MODELS", default_registry())  # the pair this session loaded, not a second copy
+        mp.setattr(controller, "MODELS", default_registry())  # the pair this session loaded, not a second copy
         with gr.Blocks() as demo:
             gr.Markdown("API only")
             api.register()

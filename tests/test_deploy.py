@@ -122,3 +122,14 @@ def test_bad_launch_flags_exit_2_with_a_message(app_main, monkeypatch, capsys, a
         app_main.parse_args(argv)
     err = capsys.readouterr().err
     assert out.value.code == 2 and flag in err and ("USER:PASS" in err or "port" in err)
+
+
+def test_public_and_private_flags_force_public_mode_and_exclude_each_other(app_main, capsys):
+    from app.public import Policy
+    for argv, public in (([], None), (["--public"], True), (["--private"], False)):
+        a = app_main.parse_args(["--host", "0.0.0.0", *argv])
+        assert a.public is public
+        assert Policy.from_env(a.public, "", a.host, a.share, env={}).public is (public is not False)
+    with pytest.raises(SystemExit) as out:
+        app_main.parse_args(["--public", "--private"])
+    assert out.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
