@@ -46,7 +46,8 @@ def pytest_collection_modifyitems(config, items):
 # the slowest files first (as measured by a full run on 2 cores, 2026-12-05): `./dev test` hands whole files to its 2
 # workers in collection order (--dist loadfile), so the long ones start at once and the short ones fill in around them
 SLOW_FIRST = ("test_app_browser.py", "test_served.py", "test_app_e2e.py", "test_lm_eval.py", "test_readme.py",
-              "test_decoder.py", "test_parallel.py", "test_speculation.py", "test_faults.py", "test_session.py")
+              "test_decoder.py", "test_parallel.py", "test_speculation.py", "test_faults.py", "test_session.py",
+              "test_public_browser.py")
 
 
 def slow_first(item: pytest.Item) -> int:

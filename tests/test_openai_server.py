@@ -26,13 +26,25 @@ from tests.toy import toy_pair
 
 # ---- unit: the app on the toy pair, in-process ----
 
-@pytest.fixture
-def toy():
-    """The app on the toy pair (its settings: every request's defaults), its test client, and an openai client on it."""
-    ens = AdaFuse(toy_pair(), DecodeConfig(tau=0.7))
+def served(models):
+    """The app on `models` (its settings: every request's defaults), its test client, and an openai client on it."""
+    ens = AdaFuse(models, DecodeConfig(tau=0.7))
     with TestClient(build_app(ens, ServeSettings(api_key=KEY))) as http:
         http.headers["Authorization"] = f"Bearer {KEY}"
         yield ens, http, openai.OpenAI(base_url="http://testserver/v1", api_key=KEY, http_client=http, max_retries=0)
+
+
+@pytest.fixture
+def toy():
+    """The toy pair served (no chat template: a chat message reaches it as a User/Assistant transcript)."""
+    yield from served(toy_pair())
+
+
+@pytest.fixture
+def chat_toy():
+    """The toy pair with a one-turn chat template ("{content}": the message itself), served."""
+    from tests.toy import A_RULES, B_RULES, V, toy_model
+    yield from served([toy_model(n, V, rules, chat="{content}") for n, rules in (("a", A_RULES), ("b", B_RULES))])
 
 
 def test_the_one_model_is_listed_and_the_key_is_checked(toy):
@@ -84,14 +96,14 @@ def test_a_stream_is_the_completion_in_chunks_then_the_finish_then_the_usage(toy
     assert Trace.from_dict(chunks[-2].model_extra["adafuse_trace"]).output == whole.choices[0].text
 
 
-def test_chat_decodes_a_user_turn_after_an_optional_system_message(toy):
-    ens, _, client = toy
+def test_chat_decodes_a_user_turn_after_an_optional_system_message(chat_toy):
+    ens, _, client = chat_toy
     expected = AdaFuse(ens.models, DecodeConfig(tau=0.7, mode="chat")).generate("Q").output
-    out = client.chat.completions.create(model="adafuse", messages=[{"role": "system", "content": "Be brief."},
+    out = client.chat.completions.create(model="adafuse", messages=[{"role": "system", "content": "Paris is nice."},
                                                                     {"role": "user", "content": "Q"}],
                                          logprobs=True, top_logprobs=3, extra_query={"trace": "true"})
     assert out.choices[0].message.content == expected.lstrip() and out.choices[0].message.role == "assistant"
-    assert out.model_extra["adafuse_trace"]["settings"]["system"] == "Be brief."
+    assert out.model_extra["adafuse_trace"]["settings"]["system"] == "Paris is nice."
     assert "".join(e.token for e in out.choices[0].logprobs.content) == expected.lstrip()
     stream = list(client.chat.completions.create(model="adafuse", messages=[{"role": "user", "content": "Q"}],
                                                  stream=True))
@@ -100,10 +112,10 @@ def test_chat_decodes_a_user_turn_after_an_optional_system_message(toy):
     assert stream[-1].choices[0].finish_reason == "stop"
 
 
-def test_a_chat_message_does_not_begin_with_the_answers_leading_space(toy):
+def test_a_chat_message_does_not_begin_with_the_answers_leading_space(chat_toy):
     """The fused answer begins with the space of a raw-style word boundary (" Paris is nice."): a chat message's
     content drops it, whole, streamed (its first chunk with text) and in its logprobs' tokens; a completion keeps it."""
-    ens, _, client = toy
+    ens, _, client = chat_toy
     expected = AdaFuse(ens.models, DecodeConfig(tau=0.7, mode="chat")).generate("Q").output
     assert expected.startswith(" ") and expected.strip()
     messages = [{"role": "user", "content": "Q"}]
@@ -121,20 +133,16 @@ def test_a_chat_message_does_not_begin_with_the_answers_leading_space(toy):
     assert client.completions.create(model="adafuse", prompt="Q").choices[0].text.startswith(" ")
 
 
-def test_chat_continues_a_conversation_of_several_turns(toy):
+def test_chat_continues_a_conversation_of_several_turns(chat_toy):
     """A chat client sends the whole conversation: each member's template renders it, the ensemble writes the next
     assistant message — the library's decode of the last user message after that history."""
-    from tests.toy import A_RULES, B_RULES, V, toy_model
-    chat = [toy_model(n, V, rules, chat="{content}") for n, rules in (("a", A_RULES), ("b", B_RULES))]
+    ens, _, client = chat_toy
     turns = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": " Paris is nice."},
              {"role": "user", "content": "Q"}]
     history = (("user", "Q"), ("assistant", " Paris is nice."))
-    expected = AdaFuse(chat, DecodeConfig(tau=0.7, mode="chat", history=history)).generate("Q")
+    expected = AdaFuse(ens.models, DecodeConfig(tau=0.7, mode="chat", history=history)).generate("Q")
     assert expected.prompt_modes == {"a": "chat (2 earlier messages)", "b": "chat (2 earlier messages)"}
-    with TestClient(build_app(AdaFuse(chat, DecodeConfig(tau=0.7)), ServeSettings(api_key=KEY))) as http:
-        http.headers["Authorization"] = f"Bearer {KEY}"
-        client = openai.OpenAI(base_url="http://testserver/v1", api_key=KEY, http_client=http, max_retries=0)
-        out = client.chat.completions.create(model="adafuse", messages=turns, extra_query={"trace": "true"})
+    out = client.chat.completions.create(model="adafuse", messages=turns, extra_query={"trace": "true"})
     assert out.choices[0].message.content == expected.output.lstrip()
     assert out.model_extra["adafuse_trace"]["settings"]["history"] == [list(t) for t in history]
     assert out.model_extra["adafuse_trace"]["prompt"] == "Q"

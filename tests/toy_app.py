@@ -7,7 +7,8 @@ The toys write like the bundled pair, only predictably: a question ("…Answer:"
 (the two models prefer different ones: an exploring round with candidates from both), then a line end; a chat prompt
 gets sentences that never end before Max new words; a German → English line is where the end of the answer wins
 round 0 for one model and not the other (an empty answer, and the app's advice: weigh the other model more).
-SmolLM2's toy has a chat template, Gemma's has none (as the bundled ones)."""
+SmolLM2's toy has a chat template, Gemma's has none (as the bundled ones): it reads a chat as a User/Assistant
+transcript."""
 from __future__ import annotations
 
 import os
@@ -60,7 +61,8 @@ RULES = {
                       "assistant\n": {" Use": 0.5, " Red": 0.4}},
     DEFAULT_PAIR[1]: {**OTHER, **SENTENCES, **ANSWERS, " the": {" cup": 0.55, " pot": 0.4},
                       "Answer:": {" William": 0.55, " Mount": 0.35, " Paris": 0.02}, "English:": {" The": 0.45, "\n": 0.35},
-                      "each.": {" Red": 0.5, " Use": 0.4}, "tea.": {" Use": 0.5, " Red": 0.4}},
+                      "each.\nAssistant:": {" Red": 0.5, " Use": 0.4},  # a chat: the transcript's turn
+                      "tea.\nAssistant:": {" Use": 0.5, " Red": 0.4}},
 }
 
 
