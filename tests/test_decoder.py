@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from adafuse import AdaFuse, ConfigError, DecodeConfig, PromptError, Trace
 from adafuse.models import LocalModel
-from adafuse.models.prompt import TRANSCRIPT, TURN_END
+from adafuse.models.prompt import TRANSCRIPT, TURN_ENDS
 from adafuse.models.session import LocalSession
 from tests.real import check_trace, flores_prompt, gsm8k_prompt, models_disagree, qa_prompt, real_decodes, tolerance
 from tests.toy import A_RULES, B_RULES, V, ToyLM, ToyTokenizer, first_round, nll, toy_model, toy_pair
@@ -241,12 +241,12 @@ def test_gsm8k_prompt(pair):
 
 def test_chat_prompt_uses_templates_and_falls_back(pair):
     """Gemma-270M has no chat template: it reads a User/Assistant transcript, and the fused answer ends where its
-    turn ends (the next "User:" line, a stop string the decode adds) or where SmolLM2's does (its end of turn)."""
+    turn ends (the next "User:" or "Assistant:" line, stop strings the decode adds) or where SmolLM2's does (its end of turn)."""
     tr = AdaFuse(pair, DecodeConfig(mode="chat", max_new_words=40)).generate("What is the capital of France?")
     check_trace(tr)
     assert tr.prompt_modes == {"smollm2-135m-instruct": "chat", "gemma3-270m": TRANSCRIPT}
-    assert tr.settings["stop"] == [TURN_END]
-    assert "User:" not in tr.output, tr.output
+    assert tr.settings["stop"] == list(TURN_ENDS)
+    assert "User:" not in tr.output and "Assistant:" not in tr.output, tr.output
 
 
 def test_a_decode_traces_the_system_prompt(pair):

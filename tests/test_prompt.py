@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from adafuse import DecodeConfig
-from adafuse.models.prompt import TRANSCRIPT, TURN_END, has_thinking_switch, render_prompt, with_turn_end
+from adafuse.models.prompt import TRANSCRIPT, TURN_ENDS, has_thinking_switch, render_prompt, with_turn_end
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +85,11 @@ def test_a_conversation_is_rendered_by_the_template_before_the_next_user_message
 
 def test_a_transcripts_turn_ends_at_the_next_user_line(smol):
     """Chat mode with a member that has no template: the decode stops where that member's turn ends (its next
-    "User:" line), a stop string like any other (scored as the end of the answer); not in raw mode, nor when every
+    "User:" or "Assistant:" line), stop strings like any other (scored as the end of the answer); not in raw mode, nor when every
     model has a template, nor twice."""
     plain = _with_template(smol, None)
     chat = DecodeConfig(mode="chat")
-    assert with_turn_end(chat, [smol, plain]).stop == (TURN_END,)
-    assert with_turn_end(replace(chat, stop=("\n\n",)), [smol, plain]).stop == ("\n\n", TURN_END)
-    assert with_turn_end(with_turn_end(chat, [plain]), [plain]).stop == (TURN_END,)
+    assert with_turn_end(chat, [smol, plain]).stop == TURN_ENDS
+    assert with_turn_end(replace(chat, stop=("\n\n",)), [smol, plain]).stop == ("\n\n", *TURN_ENDS)
+    assert with_turn_end(with_turn_end(chat, [plain]), [plain]).stop == TURN_ENDS
     assert with_turn_end(chat, [smol]) is chat and with_turn_end(DecodeConfig(), [plain]).stop == ()

@@ -9,7 +9,7 @@ from .base import LoadedModel
 if TYPE_CHECKING:
     from ..config import DecodeConfig
 
-TURN_END = "\nUser:"  # a transcript's assistant turn ends where the next user line starts
+TURN_ENDS = ("\nUser:", "\nAssistant:")  # a transcript's assistant turn ends where the next role line starts
 TRANSCRIPT = "chat (no chat template: a User/Assistant transcript)"  # the prompt mode of such a model
 
 
@@ -27,7 +27,7 @@ def render_prompt(lm: LoadedModel, prompt: str, mode: str, system: str = "",
     message where the template refuses or drops a system role), `thinking` as its `enable_thinking` switch where it has
     one. Raw mode reads the prompt as is. Chat mode without a template writes the conversation as a transcript
     ("User: …" / "Assistant: …" lines, the system prompt first, ending on "Assistant:"): its turn ends where the next
-    "User:" line would start (`TURN_END`, a stop string the decode adds: `with_turn_end`). The mode says what was
+    "User:" or "Assistant:" line would start (`TURN_ENDS`, stop strings the decode adds: `with_turn_end`). The mode says what was
     ignored."""
     chat, templated = mode == "chat", lm.has_chat_template
     ignored = [what for what, given in (("system prompt", system and not chat),
@@ -35,7 +35,7 @@ def render_prompt(lm: LoadedModel, prompt: str, mode: str, system: str = "",
                                         ("conversation", history and not chat)) if given]
     if not chat:
         return prompt, "raw" + (f" ({' and '.join(ignored)} ignored)" if ignored else "")
-    if not templated:  # a plain transcript, its turn ending at the next "User:" line (TURN_END)
+    if not templated:  # a plain transcript, its turn ending at the next role line (TURN_ENDS)
         why = [f"{' and '.join(ignored)} ignored"] if ignored else []
         return transcript(history, prompt, system), "; ".join([TRANSCRIPT, *why])
     from jinja2 import TemplateError
@@ -78,9 +78,10 @@ def transcript(history: tuple, prompt: str, system: str = "") -> str:
 
 
 def with_turn_end(config: DecodeConfig, models: Sequence[LoadedModel]) -> DecodeConfig:
-    """`config` with the stop string that ends a transcript's turn (`TURN_END`) when a model reads a chat prompt as
+    """`config` with the stop strings that end a transcript's turn (`TURN_ENDS`) when a model reads a chat prompt as
     a transcript (chat mode, no chat template): the fused answer ends where that member's turn ends, as a chat
     template's end-of-turn token ends the others'. Unchanged otherwise."""
-    if config.mode != "chat" or TURN_END in config.stop or all(lm.has_chat_template for lm in models):
+    missing = tuple(s for s in TURN_ENDS if s not in config.stop)
+    if config.mode != "chat" or not missing or all(lm.has_chat_template for lm in models):
         return config
-    return replace(config, stop=(*config.stop, TURN_END))
+    return replace(config, stop=(*config.stop, *missing))
