@@ -1,0 +1,222 @@
+"""How much of a step with many decodes in flight is the engine's own work (python -m bench.engine).
+
+    python -m bench.engine [--levels 1 8 32 64 128] [--sleep-ms 5] [--repeats 1] [--json FILE]
+    python -m bench.engine --real [--real-levels 1 8 16] [--trivia 32]     # the bundled pair on this CPU too
+
+The simulation: two tiny random-weight models built from configs in the bundled pair's architectures (Llama, as
+SmolLM2; Gemma 3 with sliding-window layers), both on SmolLM2's tokenizer (from the bundled folder). Every forward of
+either model also sleeps a fixed time (default 5 ms) with the GIL released, as a GPU kernel runs while Python waits;
+the sleeps of the two models take turns (one device). AdaFuse B=3 decodes of 8 words (the library's defaults
+otherwise) go through `run_many` at each level in flight, on max(8, 2 × level) prompts. Printed per level: decodes/s,
+× one in flight, forwards per decode (every model's batcher forwards), ms per step (wall time per forward) and the
+engine's ms per step (the wall time during which no forward ran, per forward: what the engine costs on top of the
+device), and whether the first 8 traces are those decoded one at a time.
+
+`--real` also runs the bundled pair on this CPU (no sleep): 32 TriviaQA prompts (AdaFuse B=3, as
+`python -m adafuse.harness.bench --concurrency` decodes them) at 1/8/16 in flight: examples per minute, × one, and
+whether every output is the one decoded one at a time.
+
+Levels of one run are interleaved over `--repeats` (in order, then reversed) and the medians printed; timings on a
+machine shared with other jobs are noisy: compare runs made back to back.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from adafuse import AdaFuse, DecodeConfig
+from adafuse.many import run_many
+from adafuse.models.batching import Runtime
+from adafuse.models.local import LocalModel, bundled_folder
+
+CONFIG = DecodeConfig(branches=3, max_new_words=8)
+SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=1024)
+SUBJECTS = ["river", "mountain", "city", "song", "planet", "engine", "garden", "language", "number", "painting",
+            "forest", "island", "bridge", "market", "winter", "library"]
+ASKS = ["What is the name of the", "Who first described the", "Where is the oldest", "Why do people visit the",
+        "How long is the", "When was the", "Which country has the", "What colour is the"]
+
+
+class Device:
+    """The simulated accelerator: a fixed time per forward of any model it is attached to, slept with the GIL released,
+    one forward at a time; the intervals its forwards ran in (each model's own compute included)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.turn = threading.Lock()
+        self.local = threading.local()
+        self.intervals: list[tuple[float, float]] = []
+
+    def attach(self, model: torch.nn.Module) -> None:
+        model.register_forward_pre_hook(self._start)
+        model.register_forward_hook(self._end)
+
+    def _start(self, module, args):
+        self.turn.acquire()
+        self.local.t0 = time.perf_counter()
+        time.sleep(self.seconds)
+
+    def _end(self, module, args, out):
+        self.intervals.append((self.local.t0, time.perf_counter()))
+        self.turn.release()
+
+    def busy(self, since: float, until: float) -> float:
+        """Seconds between `since` and `until` during which a forward ran."""
+        total, end = 0.0, since
+        for a, b in sorted(self.intervals):
+            a, b = max(a, end), min(b, until)
+            if b > a:
+                total, end = total + b - a, b
+        return total
+
+
+def tiny_pair(device: Device) -> list[LocalModel]:
+    """A tiny Llama and a tiny Gemma 3 (random weights, seeded) on SmolLM2's tokenizer, sharing one runtime as the
+    models of one registry do, every forward through `device`."""
+    import transformers
+    tok = transformers.AutoTokenizer.from_pretrained(bundled_folder("smollm2-135m-instruct"))
+    configs = [("tiny-llama", transformers.LlamaConfig(vocab_size=len(tok), **SHAPE), transformers.LlamaForCausalLM),
+               ("tiny-gemma3", transformers.Gemma3TextConfig(
+                   vocab_size=len(tok), head_dim=16, query_pre_attn_scalar=16, sliding_window=16,
+                   layer_types=["sliding_attention", "full_attention"], **SHAPE), transformers.Gemma3ForCausalLM)]
+    runtime, models = Runtime(), []
+    for seed, (name, cfg, cls) in enumerate(configs):
+        cfg._attn_implementation = "sdpa"
+        cfg.eos_token_id, cfg.bos_token_id, cfg.pad_token_id = tok.eos_token_id, tok.bos_token_id, tok.pad_token_id
+        torch.manual_seed(seed)
+        model = cls(cfg).eval()
+        device.attach(model)
+        lm = LocalModel.from_objects(name, model, tok)
+        lm.runtime = runtime
+        models.append(lm)
+    return models
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Question: {ASKS[i % len(ASKS)]} {SUBJECTS[(i // len(ASKS)) % len(SUBJECTS)]} number {i}?\nAnswer:"
+            for i in range(n)]
+
+
+def forwards(models) -> int:
+    return sum(m.batcher.forwards for m in models)
+
+
+def sim_level(models, device: Device, level: int, n: int) -> tuple[dict, list]:
+    fuser = AdaFuse(models, CONFIG)
+    before, t0 = forwards(models), time.perf_counter()
+    traces = list(run_many([lambda p=p: fuser.generate(p) for p in prompts(n)], level))
+    t1 = time.perf_counter()
+    fwd = forwards(models) - before
+    wall, busy = t1 - t0, device.busy(t0, t1)
+    return {"wall_s": wall, "decodes/s": n / wall, "forwards/decode": fwd / n, "ms/step": 1000 * wall / fwd,
+            "engine ms/step": 1000 * (wall - busy) / fwd, "forward ms": 1000 * busy / fwd}, traces
+
+
+def same(a, b) -> bool:
+    return [(r.text, r.chosen) for r in a.rounds] == [(r.text, r.chosen) for r in b.rounds] and a.output == b.output
+
+
+def simulate(levels: list[int], sleep_ms: float, repeats: int) -> list[dict]:
+    device = Device(sleep_ms / 1000)
+    models = tiny_pair(device)
+    AdaFuse(models, CONFIG).generate(prompts(1)[0])  # warm-up: the side-by-side probe, allocator, kernels
+    runs: dict[int, list[dict]] = {lv: [] for lv in levels}
+    traces: dict[int, list] = {}
+    order = [lv for r in range(repeats) for lv in (levels if r % 2 == 0 else levels[::-1])]
+    for lv in order:
+        row, out = sim_level(models, device, lv, max(8, 2 * lv))
+        runs[lv].append(row)
+        traces.setdefault(lv, out)
+        print(f"  {lv} in flight: {row['wall_s']:.1f} s, {row['decodes/s']:.2f} decodes/s", flush=True)
+    base = statistics.median(r["decodes/s"] for r in runs[levels[0]])
+    table = []
+    for lv in levels:
+        med = {k: statistics.median(r[k] for r in runs[lv]) for k in runs[lv][0]}
+        ref = traces[levels[0]]
+        k = min(len(ref), len(traces[lv]))
+        table.append({"in flight": lv, "prompts": max(8, 2 * lv), "decodes/s": round(med["decodes/s"], 2),
+                      "× one": round(med["decodes/s"] / base, 2), "forwards/decode": round(med["forwards/decode"], 1),
+                      "ms/step": round(med["ms/step"], 2), "engine ms/step": round(med["engine ms/step"], 2),
+                      "forward ms": round(med["forward ms"], 2),
+                      "same traces": f"{sum(same(a, b) for a, b in zip(ref[:k], traces[lv][:k]))}/{k}",
+                      "runs decodes/s": [round(r["decodes/s"], 2) for r in runs[lv]]})
+    workers = AdaFuse(models, CONFIG).start(prompts(1)[0]).trace.workers
+    print(f"simulation: {sleep_ms} ms per forward, AdaFuse B=3, 8 words; workers: {workers}")
+    _print(table)
+    return table
+
+
+def real(levels: list[int], trivia: int, repeats: int) -> list[dict]:
+    from dataclasses import replace
+    from adafuse.harness.bench import tasks
+    from adafuse.harness.tasks import data_dir
+    from adafuse.models import DEFAULT_PAIR, get_model
+    models = [get_model(n) for n in DEFAULT_PAIR]
+    work = [(p, replace(c, branches=3)) for _, p, c in tasks(data_dir(), trivia, 0)]
+    AdaFuse(models, work[0][1], tau=0.7).generate(work[0][0])  # warm-up
+    walls: dict[int, list[float]] = {lv: [] for lv in levels}
+    outs: dict[int, list[str]] = {}
+    order = [lv for r in range(repeats) for lv in (levels if r % 2 == 0 else levels[::-1])]
+    for lv in order:
+        t0 = time.perf_counter()
+        traces = list(run_many([lambda p=p, c=c: AdaFuse(models, c, tau=0.7).generate(p) for p, c in work], lv))
+        walls[lv].append(time.perf_counter() - t0)
+        outs.setdefault(lv, [t.output for t in traces])
+        print(f"  real pair, {lv} in flight: {walls[lv][-1]:.1f} s", flush=True)
+    one = statistics.median(walls[levels[0]])
+    table = [{"in flight": lv, "examples/min": round(60 * len(work) / statistics.median(walls[lv]), 1),
+              "× one": round(one / statistics.median(walls[lv]), 2),
+              "same outputs": f"{sum(a == b for a, b in zip(outs[levels[0]], outs[lv]))}/{len(work)}",
+              "wall s (runs)": [round(w, 1) for w in walls[lv]]} for lv in levels]
+    print(f"real pair ({', '.join(DEFAULT_PAIR)}), {len(work)} TriviaQA prompts, AdaFuse B=3, this CPU")
+    _print(table)
+    return table
+
+
+def _print(rows: list[dict]) -> None:
+    from adafuse.report import format_table
+    print(format_table([{k: (" / ".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()}
+                        for r in rows]), flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--levels", nargs="+", type=int, default=[1, 8, 32, 64, 128], help="decodes in flight (simulation)")
+    p.add_argument("--sleep-ms", type=float, default=5.0, help="the simulated device's time per forward")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each level, interleaved; medians printed")
+    p.add_argument("--no-sim", action="store_true", help="skip the simulation")
+    p.add_argument("--real", action="store_true", help="also the bundled pair on this CPU")
+    p.add_argument("--real-levels", nargs="+", type=int, default=[1, 8, 16])
+    p.add_argument("--trivia", type=int, default=32, help="TriviaQA prompts for --real")
+    p.add_argument("--json", type=Path, help="write the tables here")
+    args = p.parse_args(argv)
+    out = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M"), "sleep_ms": args.sleep_ms,
+           "repeats": args.repeats}
+    if not args.no_sim:
+        out["simulation"] = simulate(args.levels, args.sleep_ms, args.repeats)
+    if args.real:
+        out["real"] = real(args.real_levels, args.trivia, args.repeats)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    return 0
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
