@@ -14,8 +14,8 @@ CSS = """
 .af-span {border-radius: 4px; padding: 1px 2px; margin: 0 1px; cursor: help; position: relative;
           text-underline-offset: 4px}
 .af-span:focus-visible {outline: 2px solid #1d4ed8; outline-offset: 1px}
-.af-span:focus::after {content: attr(data-tip); position: absolute; left: 0; top: 100%; z-index: 20; pointer-events: none;
-          background: #111827; color: #fff; font: .8rem/1.4 ui-sans-serif, system-ui, sans-serif; padding: 4px 8px;
+.af-span:focus::after {content: attr(data-tip); position: absolute; left: 0; top: 100%; z-index: 20;
+          pointer-events: none; background: #111827; color: #fff; font: .8rem/1.4 ui-sans-serif, system-ui, sans-serif; padding: 4px 8px;
           border-radius: 6px; width: max-content; max-width: min(420px, 80vw); white-space: normal}
 .af-sr {position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap}
 .af-key {border-radius: 4px; padding: 1px 4px; text-underline-offset: 4px; color: #111827}

@@ -1,7 +1,6 @@
 """How much of a step with many decodes in flight is the engine's own work (python -m bench.engine).
 
     python -m bench.engine [--levels 1 8 32 64 128] [--sleep-ms 5] [--repeats 1] [--json FILE]
-    python -m bench.engine --real [--real-levels 1 8 16] [--trivia 32]     # the bundled pair on this CPU too
 
 The simulation: two tiny random-weight models built from configs in the bundled pair's architectures (Llama, as
 SmolLM2; Gemma 3 with sliding-window layers), both on SmolLM2's tokenizer (from the bundled folder). Every forward of
@@ -12,9 +11,9 @@ otherwise) go through `run_many` at each level in flight, on max(8, 2 × level) 
 engine's ms per step (the wall time during which no forward ran, per forward: what the engine costs on top of the
 device), and whether the first 8 traces are those decoded one at a time.
 
-`--real` also runs the bundled pair on this CPU (no sleep): 32 TriviaQA prompts (AdaFuse B=3, as
-`python -m adafuse.harness.bench --concurrency` decodes them) at 1/8/16 in flight: examples per minute, × one, and
-whether every output is the one decoded one at a time.
+The bundled pair on this CPU at 1/8/16 in flight is the existing concurrency benchmark:
+`python -m adafuse.harness.bench --concurrency 1 8 16 --trivia 32` (AdaFuse B=3; examples per minute, × one, and
+whether every trace is the one decoded alone).
 
 Levels of one run are interleaved over `--repeats` (in order, then reversed) and the medians printed; timings on a
 machine shared with other jobs are noisy: compare runs made back to back.
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 from adafuse import AdaFuse, DecodeConfig
+from adafuse.harness.bench_many import first_difference, interleaved
 from adafuse.many import run_many
 from adafuse.models.batching import Runtime
 from adafuse.models.local import LocalModel, bundled_folder
@@ -120,18 +120,13 @@ def sim_level(models, device: Device, level: int, n: int) -> tuple[dict, list]:
             "engine ms/step": 1000 * (wall - busy) / fwd, "forward ms": 1000 * busy / fwd}, traces
 
 
-def same(a, b) -> bool:
-    return [(r.text, r.chosen) for r in a.rounds] == [(r.text, r.chosen) for r in b.rounds] and a.output == b.output
-
-
 def simulate(levels: list[int], sleep_ms: float, repeats: int) -> list[dict]:
     device = Device(sleep_ms / 1000)
     models = tiny_pair(device)
     AdaFuse(models, CONFIG).generate(prompts(1)[0])  # warm-up: the side-by-side probe, allocator, kernels
     runs: dict[int, list[dict]] = {lv: [] for lv in levels}
     traces: dict[int, list] = {}
-    order = [lv for r in range(repeats) for lv in (levels if r % 2 == 0 else levels[::-1])]
-    for lv in order:
+    for lv in interleaved(levels, repeats):
         row, out = sim_level(models, device, lv, max(8, 2 * lv))
         runs[lv].append(row)
         traces.setdefault(lv, out)
@@ -146,37 +141,10 @@ def simulate(levels: list[int], sleep_ms: float, repeats: int) -> list[dict]:
                       "× one": round(med["decodes/s"] / base, 2), "forwards/decode": round(med["forwards/decode"], 1),
                       "ms/step": round(med["ms/step"], 2), "engine ms/step": round(med["engine ms/step"], 2),
                       "forward ms": round(med["forward ms"], 2),
-                      "same traces": f"{sum(same(a, b) for a, b in zip(ref[:k], traces[lv][:k]))}/{k}",
+                      "same traces": f"{sum(not first_difference(a, b) for a, b in zip(ref[:k], traces[lv][:k]))}/{k}",
                       "runs decodes/s": [round(r["decodes/s"], 2) for r in runs[lv]]})
     workers = AdaFuse(models, CONFIG).start(prompts(1)[0]).trace.workers
     print(f"simulation: {sleep_ms} ms per forward, AdaFuse B=3, 8 words; workers: {workers}")
-    _print(table)
-    return table
-
-
-def real(levels: list[int], trivia: int, repeats: int) -> list[dict]:
-    from dataclasses import replace
-    from adafuse.harness.bench import tasks
-    from adafuse.harness.tasks import data_dir
-    from adafuse.models import DEFAULT_PAIR, get_model
-    models = [get_model(n) for n in DEFAULT_PAIR]
-    work = [(p, replace(c, branches=3)) for _, p, c in tasks(data_dir(), trivia, 0)]
-    AdaFuse(models, work[0][1], tau=0.7).generate(work[0][0])  # warm-up
-    walls: dict[int, list[float]] = {lv: [] for lv in levels}
-    outs: dict[int, list[str]] = {}
-    order = [lv for r in range(repeats) for lv in (levels if r % 2 == 0 else levels[::-1])]
-    for lv in order:
-        t0 = time.perf_counter()
-        traces = list(run_many([lambda p=p, c=c: AdaFuse(models, c, tau=0.7).generate(p) for p, c in work], lv))
-        walls[lv].append(time.perf_counter() - t0)
-        outs.setdefault(lv, [t.output for t in traces])
-        print(f"  real pair, {lv} in flight: {walls[lv][-1]:.1f} s", flush=True)
-    one = statistics.median(walls[levels[0]])
-    table = [{"in flight": lv, "examples/min": round(60 * len(work) / statistics.median(walls[lv]), 1),
-              "× one": round(one / statistics.median(walls[lv]), 2),
-              "same outputs": f"{sum(a == b for a, b in zip(outs[levels[0]], outs[lv]))}/{len(work)}",
-              "wall s (runs)": [round(w, 1) for w in walls[lv]]} for lv in levels]
-    print(f"real pair ({', '.join(DEFAULT_PAIR)}), {len(work)} TriviaQA prompts, AdaFuse B=3, this CPU")
     _print(table)
     return table
 
@@ -192,18 +160,11 @@ def main(argv=None) -> int:
     p.add_argument("--levels", nargs="+", type=int, default=[1, 8, 32, 64, 128], help="decodes in flight (simulation)")
     p.add_argument("--sleep-ms", type=float, default=5.0, help="the simulated device's time per forward")
     p.add_argument("--repeats", type=int, default=1, help="runs of each level, interleaved; medians printed")
-    p.add_argument("--no-sim", action="store_true", help="skip the simulation")
-    p.add_argument("--real", action="store_true", help="also the bundled pair on this CPU")
-    p.add_argument("--real-levels", nargs="+", type=int, default=[1, 8, 16])
-    p.add_argument("--trivia", type=int, default=32, help="TriviaQA prompts for --real")
     p.add_argument("--json", type=Path, help="write the tables here")
     args = p.parse_args(argv)
     out = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M"), "sleep_ms": args.sleep_ms,
            "repeats": args.repeats}
-    if not args.no_sim:
-        out["simulation"] = simulate(args.levels, args.sleep_ms, args.repeats)
-    if args.real:
-        out["real"] = real(args.real_levels, args.trivia, args.repeats)
+    out["simulation"] = simulate(args.levels, args.sleep_ms, args.repeats)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")

@@ -241,7 +241,8 @@ def test_gsm8k_prompt(pair):
 
 def test_chat_prompt_uses_templates_and_falls_back(pair):
     """Gemma-270M has no chat template: it reads a User/Assistant transcript, and the fused answer ends where its
-    turn ends (the next "User:" or "Assistant:" line, stop strings the decode adds) or where SmolLM2's does (its end of turn)."""
+    turn ends (the next "User:" or "Assistant:" line, stop strings the decode adds) or where SmolLM2's does (its end
+    of turn)."""
     tr = AdaFuse(pair, DecodeConfig(mode="chat", max_new_words=40)).generate("What is the capital of France?")
     check_trace(tr)
     assert tr.prompt_modes == {"smollm2-135m-instruct": "chat", "gemma3-270m": TRANSCRIPT}

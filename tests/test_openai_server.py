@@ -43,8 +43,7 @@ def toy():
 @pytest.fixture
 def chat_toy():
     """The toy pair with a one-turn chat template ("{content}": the message itself), served."""
-    from tests.toy import A_RULES, B_RULES, V, toy_model
-    yield from served([toy_model(n, V, rules, chat="{content}") for n, rules in (("a", A_RULES), ("b", B_RULES))])
+    yield from served(toy_pair(chat="{content}"))
 
 
 def test_the_one_model_is_listed_and_the_key_is_checked(toy):

@@ -158,9 +158,11 @@ B_RULES = {"Q": {" London": 0.5, " Paris": 0.3, "Paris": 0.15, "\n": 0.04}, " Lo
            ".": {"<eos>": 0.99}}
 
 
-def toy_pair(**rules) -> tuple[LocalModel, LocalModel]:
-    """Models a and b over V, with A_RULES and B_RULES unless `a=` or `b=` replaces them."""
-    return toy_model("a", V, rules.get("a", A_RULES)), toy_model("b", V, rules.get("b", B_RULES))
+def toy_pair(chat: str | None = None, **rules) -> tuple[LocalModel, LocalModel]:
+    """Models a and b over V, with A_RULES and B_RULES unless `a=` or `b=` replaces them (`chat`: a chat template
+    both tokenizers apply)."""
+    return (toy_model("a", V, rules.get("a", A_RULES), chat=chat),
+            toy_model("b", V, rules.get("b", B_RULES), chat=chat))
 
 
 def first_round(cfg: DecodeConfig, models=None):

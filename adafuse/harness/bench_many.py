@@ -26,6 +26,11 @@ def first_difference(alone: Trace, shared: Trace) -> str:
     return ""
 
 
+def interleaved(levels: list[int], rounds: int) -> list[int]:
+    """The order the levels run in: as given, then reversed, `rounds` times in all (a busy spell hits no one level)."""
+    return [lv for r in range(rounds) for lv in (levels if r % 2 == 0 else levels[::-1])]
+
+
 def batcher_counts(models) -> tuple[int, int, int, int]:
     """Forwards, requests, the most requests and positions in one forward, summed over the models' batchers."""
     bs = [m.batcher for m in models if hasattr(m, "batcher")]
@@ -37,7 +42,7 @@ def concurrency_bench(models, work, levels: list[int], rounds: int = 2) -> int:
     """`work`: (task, prompt, DecodeConfig) items; prints the table and returns 1 when a trace differed."""
     levels = list(dict.fromkeys(levels))
     base = 1 if 1 in levels else levels[0]
-    order = [lv for r in range(rounds) for lv in (levels if r % 2 == 0 else levels[::-1])]
+    order = interleaved(levels, rounds)
     walls: dict[int, list[float]] = {lv: [] for lv in levels}
     traces: dict[int, list[Trace]] = {}
     carried: dict[int, list[tuple[int, int, int, int]]] = {lv: [] for lv in levels}

@@ -27,8 +27,8 @@ def render_prompt(lm: LoadedModel, prompt: str, mode: str, system: str = "",
     message where the template refuses or drops a system role), `thinking` as its `enable_thinking` switch where it has
     one. Raw mode reads the prompt as is. Chat mode without a template writes the conversation as a transcript
     ("User: …" / "Assistant: …" lines, the system prompt first, ending on "Assistant:"): its turn ends where the next
-    "User:" or "Assistant:" line would start (`TURN_ENDS`, stop strings the decode adds: `with_turn_end`). The mode says what was
-    ignored."""
+    "User:" or "Assistant:" line would start (`TURN_ENDS`, stop strings the decode adds: `with_turn_end`). The mode
+    says what was ignored."""
     chat, templated = mode == "chat", lm.has_chat_template
     ignored = [what for what, given in (("system prompt", system and not chat),
                                         ("thinking switch", thinking is not None and not (chat and templated)),
@@ -81,7 +81,7 @@ def with_turn_end(config: DecodeConfig, models: Sequence[LoadedModel]) -> Decode
     """`config` with the stop strings that end a transcript's turn (`TURN_ENDS`) when a model reads a chat prompt as
     a transcript (chat mode, no chat template): the fused answer ends where that member's turn ends, as a chat
     template's end-of-turn token ends the others'. Unchanged otherwise."""
-    missing = tuple(s for s in TURN_ENDS if s not in config.stop)
-    if config.mode != "chat" or not missing or all(lm.has_chat_template for lm in models):
+    if config.mode != "chat" or all(lm.has_chat_template for lm in models):
         return config
-    return replace(config, stop=(*config.stop, *missing))
+    missing = tuple(s for s in TURN_ENDS if s not in config.stop)
+    return replace(config, stop=(*config.stop, *missing)) if missing else config
