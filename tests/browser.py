@@ -28,17 +28,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-TEST_SLOTS = 4  # decodes at once on the test server: four visitors decode together, a fifth waits in line
+TEST_SLOTS = 2  # decodes at once on the toy app: two visitors decode together, a third waits in line
 
 
-def serve(args: list[str], log_name: str):
-    """Start the app (`python ARGS`); yields its URL, stops it after. Its output goes to artifacts/LOG_NAME."""
+def serve(args: list[str], log_name: str, slots: int = TEST_SLOTS):
+    """Start the app (`python ARGS`) with `slots` decodes at once; yields its URL, stops it after. Its output goes to
+    artifacts/LOG_NAME."""
     port = free_port()
     (ROOT / "artifacts").mkdir(exist_ok=True)
     log = open(ROOT / "artifacts" / log_name, "w")
     proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
-                                 "ADAFUSE_DECODE_SLOTS": str(TEST_SLOTS)})
+                                 "ADAFUSE_DECODE_SLOTS": str(slots)})
     url = f"http://127.0.0.1:{port}/"
     for _ in range(120):
         try:
@@ -67,10 +68,26 @@ def launch():
         browser.close()
 
 
+# Gradio's pending shimmer, progress bars and transitions repaint the page while a test waits; with no GPU Chromium's
+# renderer drew them on the cores the tests share (measured: 59 → 45 s of its CPU over six tests). Motion off, as
+# for a visitor who asks for reduced motion; no test checks a movement.
+STILL = """addEventListener('DOMContentLoaded', () => { const s = document.createElement('style');
+  s.textContent = '*, *::before, *::after { animation: none !important; transition: none !important; }';
+  document.head.appendChild(s); });"""
+
+
+def new_page(browser, width: int = 1400, height: int = 1000):
+    """A page in a context of its own (its own session cookies), motion off."""
+    context = browser.new_context(viewport={"width": width, "height": height}, accept_downloads=True,
+                                  reduced_motion="reduce")
+    context.add_init_script(STILL)
+    return context.new_page()
+
+
 def browse(browser, server):
     """A page of `browser` on the app at `server`; yields it, closes it after."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-    pg = context.new_page()
+    pg = new_page(browser)
+    context = pg.context
     pg.set_default_timeout(60_000)
     pg.goto(server)
     pg.get_by_text("AdaFuse Explorer").first.wait_for()
@@ -129,18 +146,23 @@ def upload_trace(pg, path) -> None:
     chooser.value.set_files(str(path))
 
 
-def cap_words(pg, n: int) -> None:
-    """Lower Max new words (an example set it) where a test needs no longer answer than `n` words."""
-    box, slider = pg.locator("#af-max-words input[type=number]"), pg.locator("#af-max-words input[type=range]")
-    for attempt in range(3):  # an update still in flight (an example's settings) can set it back once: type again
+def type_number(box, n, shown=None) -> None:
+    """Type `n` into a number box until it (or `shown`, e.g. its slider) holds it: an update still in flight (a reset,
+    an example's settings) can set it back once, so type again."""
+    for attempt in range(3):
         box.fill(str(n))
         box.press("Tab")
         try:
-            expect(slider).to_have_value(str(n), timeout=5_000)
+            expect(shown or box).to_have_value(str(n), timeout=5_000)
             return
         except AssertionError:
             if attempt == 2:
                 raise
+
+
+def cap_words(pg, n: int) -> None:
+    """Lower Max new words (an example set it) where a test needs no longer answer than `n` words."""
+    type_number(pg.locator("#af-max-words input[type=number]"), n, pg.locator("#af-max-words input[type=range]"))
 
 
 def open_tab(pg, name: str):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import (ROOT, SHOTS, TEST_SLOTS, cap_words, fresh, open_accordion, open_tab, pick_example,
-                           status, upload_trace, wait_status)
+from tests.browser import (ROOT, SHOTS, TEST_SLOTS, cap_words, fresh, new_page, open_accordion, open_tab, pick_example,
+                           status, type_number, upload_trace, wait_status)
 
 pytestmark = pytest.mark.browser
 LONG = 200  # Max new words of a decode a test cancels mid-way: a toy round is ~0.15 s, so it runs for ~15 s
@@ -384,7 +384,7 @@ def test_narrow_screen_puts_the_prompt_first_and_nothing_overflows(page, tmp_pat
                                 candidates=[cand], chosen=0, winner=0, text=long, words=3, seconds=0.1)],
                   output=long, stop_reason="eos")
     path = trace.save(tmp_path / "long.json")
-    narrow = pg = page.context.browser.new_page(viewport={"width": 420, "height": 900})
+    narrow = pg = new_page(page.context.browser, 420, 900)
     try:
         pg.set_default_timeout(60_000)
         pg.goto(page.url)
@@ -403,7 +403,7 @@ def test_narrow_screen_puts_the_prompt_first_and_nothing_overflows(page, tmp_pat
         assert pg.evaluate("() => document.documentElement.scrollWidth") <= 421
         pg.screenshot(path=str(SHOTS / "narrow-420.png"), full_page=True)
     finally:
-        narrow.close()
+        narrow.context.close()
 
 
 def test_the_running_app_serves_named_api_endpoints(server):
@@ -443,10 +443,7 @@ def test_evaluate_tab_lists_results_and_opens_a_trace(page):
     pg = page
     fresh(pg)
     open_tab(pg, "Evaluate")
-    examples = pg.locator('input[aria-label="number input for Examples"]')  # one is enough to list and open
-    examples.fill("1")
-    examples.press("Tab")
-    expect(examples).to_have_value("1")
+    type_number(pg.locator('input[aria-label="number input for Examples"]'), 1)  # one is enough to list and open
     pg.locator("#af-eval-run").click()
     expect(pg.locator("#af-eval-status")).to_contain_text(re.compile("examples ×|Error"), timeout=400_000)
     assert "Error" not in pg.locator("#af-eval-status").inner_text()
@@ -528,7 +525,7 @@ def test_a_visitor_past_the_slots_waits_in_line_with_a_measured_estimate(page):
     fresh(pg, "QA · author of Hamlet", "Hamlet")
     pg.locator("#af-run").click()  # one decode measured before the others queue
     wait_status(pg, "✓ done")
-    others = [pg.context.browser.new_page(viewport={"width": 1280, "height": 800}) for _ in range(TEST_SLOTS)]
+    others = [new_page(pg.context.browser, 1280, 800) for _ in range(TEST_SLOTS)]
     try:
         for other in others:
             other.set_default_timeout(60_000)
@@ -550,7 +547,7 @@ def test_a_visitor_past_the_slots_waits_in_line_with_a_measured_estimate(page):
         assert pg.locator("#af-fused .af-out").inner_text() != others[0].locator("#af-fused .af-out").inner_text()
     finally:
         for other in others:
-            other.close()
+            other.context.close()
 
 
 def test_a_pasted_prompt_gets_its_stop_string_before_the_run_starts(page):

@@ -161,7 +161,7 @@ def test_step_mode_keeps_its_rounds_when_settings_change(pair, monkeypatch):
     from adafuse import DEFAULT_PAIR, DecodeConfig
     from adafuse.models import default_registry
     monkeypatch.setattr(controller, "MODELS", default_registry())  # the pair this session loaded, not a second copy
-    names, prompt = list(DEFAULT_PAIR), "Write a long story about a dragon.\nStory:"
+    names, prompt = list(DEFAULT_PAIR), "The history of Rome began"
     cfg = DecodeConfig(max_new_words=30)
     ex = Explorer()
     assert ex.plan(names, cfg, prompt) == ("new", "")

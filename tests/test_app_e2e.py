@@ -9,15 +9,16 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import ROOT, SHOTS, browse, fresh, open_accordion, open_tab, serve, status, wait_status
+from tests.browser import (ROOT, SHOTS, browse, fresh, new_page, open_accordion, open_tab, serve, status, type_number,
+                           wait_status)
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def server():
-    """The app on the bundled pair (`python app.py`), for this module's tests."""
-    yield from serve(["app.py"], "app.log")
+    """The app on the bundled pair (`python app.py`), for this module's tests: four visitors decode at once."""
+    yield from serve(["app.py"], "app.log", slots=len(FOUR))
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +53,7 @@ def test_scenario_from_an_evaluation_to_the_round_where_the_ensemble_left_a_memb
     open_tab(pg, "Evaluate")
     pg.locator("#af-eval-task input").click()
     pg.get_by_role("option", name="squad", exact=True).click()
-    n = pg.locator('input[aria-label="number input for Examples"]')
-    n.fill(str(LINES))
-    n.press("Tab")
+    type_number(pg.locator('input[aria-label="number input for Examples"]'), LINES)
     pg.locator("#af-eval-run").click()
     expect(pg.locator("#af-eval-status")).to_contain_text(re.compile("examples ×|Error"), timeout=900_000)
     assert f"{LINES} examples × 3 methods on squad" in eval_status(pg), eval_status(pg)
@@ -166,7 +165,7 @@ def test_four_visitors_running_at_once_each_get_the_answer_they_get_alone(page):
         first_alone.append(_first_round_seconds([pg])[0])
         wait_status(pg, "✓ done")
         alone.append(pg.locator("#af-fused .af-out").inner_text())
-    pages = [pg] + [pg.context.browser.new_page(viewport={"width": 1280, "height": 800}) for _ in FOUR[1:]]
+    pages = [pg] + [new_page(pg.context.browser, 1280, 800) for _ in FOUR[1:]]
     try:
         for p, (label, needle) in zip(pages, FOUR):
             if p is not pg:
@@ -187,7 +186,7 @@ def test_four_visitors_running_at_once_each_get_the_answer_they_get_alone(page):
              "slowest together ÷ its own alone": max(t / a for t, a in zip(together, first_alone))}, indent=1))
     finally:
         for p in pages[1:]:
-            p.close()
+            p.context.close()
         pg.get_by_label("Also run each model alone (greedy)").check()
 
 

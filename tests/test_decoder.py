@@ -260,7 +260,8 @@ def test_a_decode_traces_the_system_prompt(pair):
 
 @pytest.mark.parametrize("prompt", ["a", "?", "Hi", "🙂"])
 def test_short_prompts_decode(pair, prompt):
-    tr = AdaFuse(pair, DecodeConfig(max_new_words=2, tau=0.9)).generate(prompt)
+    """One- or two-character prompts decode (the answers run without spaces: "-be-the-best-…", so 4 tokens a word)."""
+    tr = AdaFuse(pair, DecodeConfig(max_new_words=2, tau=0.9, max_word_tokens=4)).generate(prompt)
     assert tr.output == "".join(r.text for r in tr.rounds)
     json.loads(tr.to_json())
 

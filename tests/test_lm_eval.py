@@ -71,6 +71,18 @@ def test_the_shipped_yamls_are_written_from_the_task_table(tmp_path):
             f"{p.name} is stale: rerun python -m adafuse.harness.lm_eval_tasks"
 
 
+def test_a_command_line_naming_only_shipped_tasks_reads_only_their_folder():
+    """`python -m adafuse lm-eval` skips lm-eval's index of its own tasks (10 s) when every task named is shipped here
+    and read from this project's folder; any other task, folder or none keeps lm-eval's whole index."""
+    ours = ["run", "--model", "adafuse", "--include_path", str(TASKS_DIR)]
+    assert lm_eval_model.shipped_only([*ours, "--tasks", "adafuse_triviaqa,adafuse_flores_en_ppl"])
+    assert lm_eval_model.shipped_only(["run", f"--include_path={TASKS_DIR}", "--tasks=adafuse_nq"])
+    assert not lm_eval_model.shipped_only([*ours, "--tasks", "adafuse_triviaqa,hellaswag"])
+    assert not lm_eval_model.shipped_only(["run", "--tasks", "adafuse_triviaqa"])
+    assert not lm_eval_model.shipped_only(["run", "--include_path", "/elsewhere", "--tasks", "adafuse_triviaqa"])
+    assert not lm_eval_model.shipped_only([*ours])
+
+
 def test_docs_hold_the_lines_prompts_and_scores_of_adafuse_eval():
     for name, t in TASKS.items():
         docs = load_docs(name, data=str(SAMPLE_DATA), version=1.0)["test"]
