@@ -132,8 +132,9 @@ def _logprobs(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Propos
     logps: list[list[float] | None] = [None] * len(cands)
     for i, p in own.items():
         target = seqs[i][starts[i]:]
+        # a proposal's end term summed a top-k distribution where the view's distributions are not whole: scored anew
         if target and p.clean and aligned[i] and target[:-1] == p.tokens[:-1] and \
-                (target[-1] == p.tokens[-1] or (target[-1] == END_MARK and p.eos)):
+                (target[-1] == p.tokens[-1] or (target[-1] == END_MARK and p.eos and s.whole)):
             logps[i] = list(p.logprobs)
     todo = [i for i in range(len(cands)) if logps[i] is None]
     # a candidate whose tokens a verifying forward of this round already ran (speculative proposals: another model's

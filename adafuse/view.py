@@ -36,6 +36,8 @@ class ModelView(ABC):
     end_ids: frozenset[int]   tokens that end the answer: EOS, end of turn, and tokens that start a stop string
     banned_ids: frozenset[int]  special tokens that are never proposed
     prompt_tokens, prefix_reused, mode_used: prefill facts for the trace
+    whole: bool               every entry of its distributions is the model's (False: a served model's top-k, the
+                              rest -inf; a sum over token sets, as the end of the answer, is then asked exactly)
     """
     name: str
     text: str
@@ -43,6 +45,7 @@ class ModelView(ABC):
     next_logprobs: torch.Tensor
     end_ids: frozenset[int]
     banned_ids: frozenset[int]
+    whole: bool = True
 
     def __init__(self):
         # speculative proposals (`draft`): batched forwards that verified drafts, draft tokens verified, and tokens

@@ -48,9 +48,12 @@ def _scores(tr, model):
 
 
 def test_margins_and_nll_agree_with_the_local_model(remote, pair):
+    """Round by round the same margins and NLLs, the end of the answer's too: on this prompt the served SmolLM2
+    proposes to end at once, and its end term (every end token and every token starting "\n", 91 here) is asked of
+    the server exactly, not summed over the top-20 of its proposal (there only "\n": 3.661 against 3.607)."""
     local, gemma = pair
     cfg = DecodeConfig(stop=("\n",), max_new_words=12, explore_top_k=20)
-    prompt = qa_prompt("triviaqa", 2)
+    prompt = qa_prompt("triviaqa", 5)
     a = AdaFuse([local, gemma], cfg).generate(prompt)
     b = AdaFuse([remote, gemma], cfg).generate(prompt)
     assert a.output == b.output and len(a.rounds) == len(b.rounds)

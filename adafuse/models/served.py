@@ -248,6 +248,7 @@ class ServedBranch(Branch):
 class ServedSession(TokenizedView):
     """A served model's view: the committed ids here, every distribution asked of the server (see the module doc).
     `next_logprobs` and `end_logprobs` hold the server's top-k (the rest -inf)."""
+    whole = False
 
     def __init__(self, lm: ServedModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
                  thinking: bool | None = None, history: tuple = ()):
