@@ -62,9 +62,12 @@ def _model_tokens(lm: LoadedModel, name: str, trace: Trace, config: DecodeConfig
     wanted = [{p - ctx - 1: read_ids(view, seq[p]) for p in forwarded}]
     row = pl.real[ctx:]
     out = view.score_rows(ctx, [row], [False], wanted)[0] if row and wanted[0] else None
+    # right after y's tokens: the view's next-token log-probs, exact for the tokens read there (a served model's top-k)
+    first_ids = sorted({t for p in range(pl.start, len(seq)) if p == n_ids and aligned for t in read_ids(view, seq[p])})
+    first = view.next_exact(first_ids) if first_ids else view.next_logprobs
     tokens, values = [], []
     for p in range(pl.start, len(seq)):
-        dist = view.next_logprobs if p == n_ids and aligned else out[p - ctx - 1]
+        dist = first if p == n_ids and aligned else out[p - ctx - 1]
         tok = seq[p]
         lp = float(token_logprob(view, dist, tok))
         values.append(lp)

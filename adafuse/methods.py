@@ -287,11 +287,12 @@ class TokenUnion(Method):
 
 
 def _token_prob(s: ModelView, text: str, eos: bool) -> float:
+    """p of the next token being `text` (or the end of the answer), exact where the view holds a top-k only."""
     if eos:
-        return math.exp(end_logprob(s, s.next_logprobs))
+        return math.exp(end_logprob(s, s.next_exact(sorted(s.end_ids))))
     new = s.encode(s.text + text)
     tail = new[len(s.ids):] if new[: len(s.ids)] == s.ids else []
-    return math.exp(float(s.next_logprobs[tail[0]])) if len(tail) == 1 else 0.0
+    return math.exp(float(s.next_exact(tail)[tail[0]])) if len(tail) == 1 else 0.0
 
 
 @dataclass(frozen=True)

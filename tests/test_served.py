@@ -69,6 +69,19 @@ def test_margins_and_nll_agree_with_the_local_model(remote, pair):
     assert cost["forward_passes"] > 0 and cost["seconds"] > 0 and cost["cached_tokens"] > 0  # the prefix cache
 
 
+def test_token_union_reads_a_served_model_as_the_local_one(remote, pair):
+    """Token union averages each model's probability of the next token (and of ending): asked exactly of a served
+    member, not read off its top-20, so the served member decodes what the local one does."""
+    cfg = DecodeConfig.of(stop=("\n",), max_new_words=6, method="token-union")
+    prompt = qa_prompt("triviaqa", 5)
+    a, b = (AdaFuse([m, pair[1]], cfg).generate(prompt) for m in (pair[0], remote))
+    assert a.output == b.output and [r.text for r in a.rounds] == [r.text for r in b.rounds]
+    for ra, rb in zip(a.rounds, b.rounds):  # every candidate's probability under the member, however it ranks
+        for ca, cb in zip(ra.candidates, rb.candidates):
+            assert (ca.text, ca.eos) == (cb.text, cb.eos)
+            assert abs(ca.nll[pair[0].name] - cb.nll[remote.name]) < 2e-3, (ra.index, ca.text, ca.nll, cb.nll)
+
+
 def test_the_eval_harness_runs_a_served_model(server, remote, pair, tmp_path):
     from adafuse.harness.evaluate import evaluate, load_results, parse_methods
     from adafuse.harness.tasks import TASKS

@@ -226,10 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     import lm_eval.tasks
     from lm_eval.__main__ import cli_evaluate
     args = sys.argv[1:] if argv is None else argv
+    manager = lm_eval.tasks.TaskManager
     if shipped_only(args):
-        lm_eval.tasks.TaskManager = functools.partial(lm_eval.tasks.TaskManager, include_defaults=False)
+        lm_eval.tasks.TaskManager = functools.partial(manager, include_defaults=False)
     sys.argv = ["lm-eval", *args]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    finally:
+        lm_eval.tasks.TaskManager = manager
     return 0
 
 
