@@ -49,7 +49,7 @@ if __name__ == "__main__":
 
 from app.gpu import ZERO_GPU  # noqa: E402  (first: on ZeroGPU, importing `spaces` patches torch)
 from app.public import Policy, configure  # noqa: E402
-from app.ui import CSS, build_demo  # noqa: E402  (import from app.* at the top: reload mode swaps "app")
+from app.ui import CSS, build_demo, queued  # noqa: E402  (import from app.* at the top: reload mode swaps "app")
 
 if ZERO_GPU:  # ZeroGPU wants the weights placed at startup; model work then runs in GPU leases (app/leases.py)
     from adafuse import DEFAULT_PAIR
@@ -64,6 +64,6 @@ RULES = configure(Policy.from_env(ARGS.public, "--public" if ARGS.public else ""
 demo = build_demo(RULES)
 
 if __name__ == "__main__":
-    demo.queue(default_concurrency_limit=2, max_size=32).launch(
+    queued(demo, default_concurrency_limit=2, max_size=32).launch(
         server_name=ARGS.host, server_port=ARGS.port, share=ARGS.share, auth=ARGS.auth, css=CSS,
         max_file_size="10mb" if RULES.public else None)  # the only upload: a trace to load

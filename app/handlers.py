@@ -55,6 +55,22 @@ def shown(ex, status: str, **kw):
     return (ex, *render(ex, status, **kw))
 
 
+LIVE_REDRAW_S = 1.0  # while rounds stream in, the charts and tables are drawn again at most this often
+
+
+def streamed(rows):
+    """The outputs for each (session, status, render options) a lease yields: a round that streams in within
+    LIVE_REDRAW_S of the last full drawing updates the answer and the status only (`render(live=True)`). Drawing four
+    Plotly charts costs the server ~0.1 s a round and the visitor's browser more: rounds that come faster (small
+    models, a GPU) would wait on the page. Every other line (loading, comparisons, the end) is drawn in full."""
+    drawn = float("-inf")
+    for ex, status, kw in rows:
+        live = kw.pop("live", False) and time.monotonic() - drawn < LIVE_REDRAW_S
+        if not live:
+            drawn = time.monotonic()
+        yield shown(ex, status, live=live, **kw)
+
+
 def failed(ex, exc):
     """A handler's error, unless a Reset replaced the session meanwhile (then the fresh one is shown)."""
     return shown(ex, "") if ex.replaced_by is not None else (ex, *_error(ex, exc))
@@ -102,9 +118,8 @@ def on_run(ex, names, dev, allow, prompt_text, want_singles, other_methods, pick
             ex.running = False
             yield shown(ex, "■ left the line: nothing was decoded")
             return
-        for ex, status, kw in leases.run(ex, names, dev, cfg, prompt_text, picked, what, other_methods,
-                                         want_singles, pressed, parts):  # the page is drawn outside the lease
-            yield shown(ex, status, **kw)
+        yield from streamed(leases.run(ex, names, dev, cfg, prompt_text, picked, what, other_methods, want_singles,
+                                       pressed, parts))  # the page is drawn outside the lease
     except Exception as exc:  # noqa: BLE001
         ex.running = False
         yield failed(ex, exc)
@@ -165,8 +180,7 @@ def on_branch(ex, r_idx, c_idx):
             yield shown(ex, "■ left the line: nothing was branched")
             return
         yield shown(ex, f"… branching from round {r_idx}: deciding the rounds before it again", export=False)
-        for ex, status, kw in leases.branch(ex, r_idx, c_idx):  # the page is drawn outside the lease
-            yield shown(ex, status, **kw)
+        yield from streamed(leases.branch(ex, r_idx, c_idx))  # the page is drawn outside the lease
     except Exception as exc:  # noqa: BLE001
         ex.running = False
         yield failed(ex, exc)

@@ -45,7 +45,7 @@ def run(ex, names, dev, cfg, prompt_text: str, picked, what: str, other_methods,
         now = ex.apply_live(d)  # settings moved during the Run: from the next round on, marked
         moved = f" · {now} from round {d.trace.changes[-1]['from_round']}" if now else moved
         # from the trace the answer is drawn from, in its legend's words: the status never counts other rounds
-        yield ex, f"… {progress(ex.trace)}{html.escape(moved)}", dict(export=False)
+        yield ex, f"… {progress(ex.trace)}{html.escape(moved)}", dict(export=False, live=True)
     t = time.monotonic()
     if not ex.cancel_requested:
         for label in ex.run_others(names, cfg, prompt_text, other_methods, dev):
@@ -106,7 +106,7 @@ def branch(ex, r_idx, c_idx):
     label = d = None
     for label, d in ex.branch(r_idx, c_idx):
         yield ex, f"… {html.escape(label)}: round {len(d.trace.rounds)} · {count(d.trace.words, 'word')}", \
-            dict(export=False)
+            dict(export=False, live=True)
     ex.running = False
     yield ex, (f"✓ {html.escape(label)}: {count(d.trace.words, 'word')} ({stop_note(d.trace)}); see it beside the "
                "original under *Fused vs alone*"), dict(loaded=True)

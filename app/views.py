@@ -113,20 +113,28 @@ def loaded_views(loaded: bool = True):
     return frame, gr.update(choices=names, value=names[-1] if names else None)
 
 
-def render(ex: Explorer, status: str = "", selected: int | None = None, export: bool = True, loaded: bool = False):
+def render(ex: Explorer, status: str = "", selected: int | None = None, export: bool = True, loaded: bool = False,
+           live: bool = False):
     """Every view from the session's trace, in the order of OUTPUTS. `export=False` while rounds stream in: the
     trace file for the download button is written once the run ends, not rewritten every round. `loaded`: also
-    refresh the loaded-models table (after models may have loaded or been evicted)."""
+    refresh the loaded-models table (after models may have loaded or been evicted). `live`: a round that streamed
+    in between two full drawings (`handlers.streamed`): the answer, the status and Cancel only, every chart and table
+    left as it is."""
     t, pending = ex.trace, ex.pending
+    paused = not ex.running and ex.decoding is not None and not ex.decoding.done and pending is None
+    deciding = ex.running and t is not None and not t.rounds and pending is None and not t.stop_reason
+    fused = plots.fused_html(t, pending, paused, deciding)
+    if live:
+        out = list(only_status(status))
+        out[FUSED_AT], out[CANCEL_AT] = fused, gr.update(interactive=ex.running)
+        return tuple(out)
     n = len(pool_rounds(ex))
     if selected is None or selected >= n:  # the newest round: the last one decided (Run), or the pending one (Step)
         selected = n - 1
     choices = _choices(pending)
-    paused = not ex.running and ex.decoding is not None and not ex.decoding.done and pending is None
-    deciding = ex.running and t is not None and not t.rounds and pending is None and not t.stop_reason
     pool, picks = pool_view(ex, selected)
     return (
-        plots.fused_html(t, pending, paused, deciding),
+        fused,
         plots.compare_html(t, ex.singles, ex.others),
         plots.margins_figure(t),
         pool,
@@ -169,7 +177,7 @@ def pool_view(ex: Explorer, index: int):
     return plots.pool_figure(t, index, None), plots.selection_frame(t, index)
 
 
-STATUS_AT, CANCEL_AT = 10, 14  # where the status and the Cancel button sit in render()'s tuple
+FUSED_AT, STATUS_AT, CANCEL_AT = 0, 10, 14  # where the answer, the status and Cancel sit in render()'s tuple
 
 
 def only_status(text: str | None = None) -> tuple:

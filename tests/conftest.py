@@ -99,25 +99,10 @@ def hamlet(pair):
 
 
 @pytest.fixture(scope="session")
-def server():
-    """The app on the toy models (`python -m tests.toy_app`) on a free port, one for every browser test of what the
-    page does (tests/browser.py)."""
-    from tests.browser import serve
-    yield from serve(["-m", "tests.toy_app"], "toy-app.log")
-
-
-@pytest.fixture(scope="session")
 def chromium():
     """Chromium under Playwright, one for the session's browser tests (tests/browser.py)."""
     from tests.browser import launch
     yield from launch()
-
-
-@pytest.fixture(scope="session")
-def page(chromium, server):
-    """A Chromium page on the toy app, shared by the browser tests (each starts with `browser.fresh`)."""
-    from tests.browser import browse
-    yield from browse(chromium, server)
 
 
 @pytest.fixture(scope="session")

@@ -23,13 +23,14 @@ def api_url(pair):
     import gradio as gr
     from adafuse.models import default_registry
     from app import api, controller
+    from app.ui import queued
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(controller, "MODELS", default_registry())  # the pair this session loaded, not a second copy
         with gr.Blocks() as demo:
             gr.Markdown("API only")
             api.register()
         port = _free_port()
-        demo.queue().launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+        queued(demo).launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
         yield f"http://127.0.0.1:{port}/"
         demo.close()
 

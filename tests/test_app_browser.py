@@ -1,6 +1,5 @@
 """What the page does, in a real browser: the app on the toy models (tests/toy_app.py: the same app.py, registry and
-controller, decodes of about a second) in Chromium; fixtures `server` and `page` in conftest.py, helpers in
-tests/browser.py. The bundled pair's end-to-end tests are in test_app_e2e.py."""
+controller, decodes of about a second) in Chromium; fixtures `server` and `page` below, helpers in tests/browser.py. The bundled pair's end-to-end tests are in test_app_e2e.py."""
 import json
 import re
 import time
@@ -10,10 +9,25 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser import (ROOT, SHOTS, TEST_SLOTS, cap_words, fresh, new_page, open_accordion, open_tab, pick_example,
-                           status, type_number, upload_trace, wait_status)
+from tests.browser import (ROOT, SHOTS, TEST_SLOTS, browse, cap_words, fresh, new_page, open_accordion, open_tab,
+                           pick_example, serve, status, type_number, upload_trace, wait_status)
 
 pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The app on the toy models (`python -m tests.toy_app`) on a free port, for this module's tests: stopped when
+    they end, as is its page (an idle app and page still cost CPU the rest of the suite needs)."""
+    yield from serve(["-m", "tests.toy_app"], "toy-app.log")
+
+
+@pytest.fixture(scope="module")
+def page(chromium, server):
+    """A Chromium page on the toy app, shared by this module's tests (each starts with `browser.fresh`)."""
+    yield from browse(chromium, server)
+
+
 LONG = 200  # Max new words of a decode a test cancels mid-way: a toy round is ~0.15 s, so it runs for ~15 s
 
 

@@ -86,3 +86,26 @@ def test_the_live_status_counts_the_rounds_and_words_the_answer_shows():
             assert legend and legend.groups() == said.groups(), (out[1 + STATUS_AT], out[1][-300:])
             seen.append(said.groups())
     assert len(seen) >= 2 and seen[0][0] == "1", seen
+
+
+def test_rounds_that_stream_in_quickly_redraw_the_answer_and_not_every_chart(monkeypatch):
+    """A Run's rounds arriving faster than LIVE_REDRAW_S update the answer and the status each round, the charts and
+    tables at most once in that time (the "… decoding" line drew them), and the last update draws every view of the finished decode."""
+    import app.handlers as handlers
+    import plotly.graph_objects as go
+    monkeypatch.setattr(handlers, "LIVE_REDRAW_S", 3600.0)  # every round within the window of the first one
+    cfg = page_settings(stop="", max_new_words=12, mode="chat")
+    outs = list(on_run(None, NAMES, "default", False, "Give me two short tips for making a good cup of tea.", False,
+                       [], None, *cfg))
+    rounds = [o for o in outs if re.search(r"rounds? decided", o[1 + STATUS_AT] or "")]
+    drawn = [o for o in rounds if isinstance(o[1 + POOL], go.Figure)]
+    assert len(rounds) >= 5 and not drawn, (len(rounds), len(drawn))  # all within the window of "… decoding"
+    words = [int(re.search(r"(\d+) rounds? · (\d+) words?", o[1]).group(2)) for o in rounds]
+    assert words == sorted(words) and len(set(words)) >= 4  # the answer grew on every live update
+    last = outs[-1]
+    assert "✓ done" in last[1 + STATUS_AT] and isinstance(last[1 + POOL], go.Figure)
+    assert f"round {len(rounds) - 1} (" in last[1 + POOL].layout.title.text  # the end draws the finished decode
+    monkeypatch.setattr(handlers, "LIVE_REDRAW_S", 0.0)  # a redraw due on every round: each one drawn in full
+    outs = list(on_run(None, NAMES, "default", False, "Give me two short tips for making a good cup of tea.", False,
+                       [], None, *cfg))
+    assert all(isinstance(o[1 + POOL], go.Figure) for o in outs if re.search(r"rounds? decided", o[1 + STATUS_AT] or ""))

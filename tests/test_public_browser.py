@@ -28,7 +28,7 @@ def public_app():
     import app.controller as controller
     from adafuse.models import ModelRegistry
     from app import public
-    from app.ui import CSS, build_demo
+    from app.ui import CSS, build_demo, queued
     from tests.toy import toy_model
     from tests.toy_app import CHAT, FORWARD_SECONDS, RULES, VOCAB
 
@@ -40,7 +40,7 @@ def public_app():
         mp.setattr(public, "VISITORS", public.Visitors())
         demo = build_demo(public.configure(public.Policy(public=True, why="--public", **LIMITS)))
         port = free_port()
-        demo.queue(default_concurrency_limit=2, max_size=32).launch(
+        queued(demo, default_concurrency_limit=2, max_size=32).launch(
             prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, css=CSS)
         try:
             yield f"http://127.0.0.1:{port}/"

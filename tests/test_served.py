@@ -47,23 +47,37 @@ def _scores(tr, model):
     return [(c.text, c.eos, c.nll.get(model)) for r in tr.rounds for c in r.candidates]
 
 
-def test_margins_and_nll_agree_with_the_local_model(remote, pair):
-    """Round by round the same margins and NLLs, the end of the answer's too: on this prompt the served SmolLM2
+CFG = DecodeConfig(stop=("\n",), max_new_words=12, explore_top_k=20)
+PROMPTS = [qa_prompt("nq", i) for i in range(2)] + [qa_prompt("triviaqa", i) for i in range(5, 7)]
+ENDS_AT_ONCE = 2  # PROMPTS[2], TriviaQA line 5: the served SmolLM2 proposes to end the answer at once
+
+
+@pytest.fixture(scope="module")
+def decoded(remote, pair):
+    """PROMPTS decoded with the member local (4 at once: as alone), then served one at a time: (local, served)."""
+    import time
+    local = AdaFuse([pair[0], pair[1]], CFG).generate_many(PROMPTS, concurrency=4)
+    t0 = time.perf_counter()
+    served = [AdaFuse([remote, pair[1]], CFG).generate(p) for p in PROMPTS]
+    return local, served, time.perf_counter() - t0
+
+
+def test_margins_and_nll_agree_with_the_local_model(decoded, remote, pair):
+    """Round by round the same margins and NLLs, the end of the answer's too: on TriviaQA line 5 the served SmolLM2
     proposes to end at once, and its end term (every end token and every token starting "\n", 91 here) is asked of
     the server exactly, not summed over the top-20 of its proposal (there only "\n": 3.661 against 3.607)."""
-    local, gemma = pair
-    cfg = DecodeConfig(stop=("\n",), max_new_words=12, explore_top_k=20)
-    prompt = qa_prompt("triviaqa", 5)
-    a = AdaFuse([local, gemma], cfg).generate(prompt)
-    b = AdaFuse([remote, gemma], cfg).generate(prompt)
-    assert a.output == b.output and len(a.rounds) == len(b.rounds)
-    for ra, rb in zip(a.rounds, b.rounds):
-        for ma, mb in zip(ra.steps[0].margins, rb.steps[0].margins):
-            assert abs(ma - mb) < 1e-3
-        for ca, cb in zip(ra.candidates, rb.candidates):
-            assert (ca.text, ca.eos) == (cb.text, cb.eos)
-            va, vb = ca.nll[local.name], cb.nll[remote.name]
-            assert (va is None) == (vb is None) and (va is None or abs(va - vb) < 1e-3), (ca.text, va, vb)
+    local = pair[0]
+    for a, b in zip(decoded[0], decoded[1]):
+        assert a.output == b.output and len(a.rounds) == len(b.rounds)
+        for ra, rb in zip(a.rounds, b.rounds):
+            for ma, mb in zip(ra.steps[0].margins, rb.steps[0].margins):
+                assert abs(ma - mb) < 1e-3
+            for ca, cb in zip(ra.candidates, rb.candidates):
+                assert (ca.text, ca.eos) == (cb.text, cb.eos)
+                va, vb = ca.nll[local.name], cb.nll[remote.name]
+                assert (va is None) == (vb is None) and (va is None or abs(va - vb) < 1e-3), (ca.text, va, vb)
+    b = decoded[1][ENDS_AT_ONCE]
+    assert any(c.eos and c.nll[remote.name] is not None for c in b.rounds[0].candidates)  # the end term, asked
     json.loads(b.to_json())
     cost = b.cost(remote.name)
     assert cost["forward_passes"] > 0 and cost["seconds"] > 0 and cost["cached_tokens"] > 0  # the prefix cache
@@ -98,7 +112,7 @@ def _answered_alike(a, b, model: str) -> bool:
     return [len(x) for x in ma] == [len(x) for x in mb] and sum(ma, []) == pytest.approx(sum(mb, []), abs=1e-4)
 
 
-def test_four_decodes_in_flight_with_a_served_member_give_their_own_traces(remote, pair):
+def test_four_decodes_in_flight_with_a_served_member_give_their_own_traces(decoded, remote, pair):
     """The fused output is identical with the member local and served (4 NQ/TriviaQA prompts, one at a time), and
     many decodes at once with a served member: each decode's requests go out while the others' do (the server
     batches them), and each trace is the one decoded alone, with the same requests per decode.
@@ -108,22 +122,17 @@ def test_four_decodes_in_flight_with_a_served_member_give_their_own_traces(remot
     prompts in flight, with or without its prefix cache). A decode the server answered differently may then take
     another path (more or fewer requests); the request counts are compared where the server answered the same."""
     import time
-    cfg = DecodeConfig(stop=("\n",), max_new_words=12, explore_top_k=20)
-    prompts = [qa_prompt("nq", i) for i in range(2)] + [qa_prompt("triviaqa", i) for i in range(5, 7)]
-    local = [t.output for t in AdaFuse([pair[0], pair[1]], cfg).generate_many(prompts, concurrency=4)]  # as alone
-    ens = AdaFuse([remote, pair[1]], cfg)
+    local, alone, one_at_a_time = decoded
     t0 = time.perf_counter()
-    alone = [ens.generate(p) for p in prompts]
-    t1 = time.perf_counter()
-    many = ens.generate_many(prompts, concurrency=4)
-    t2 = time.perf_counter()
-    assert [t.output for t in alone] == local  # served or local, the same fused output
+    many = AdaFuse([remote, pair[1]], CFG).generate_many(PROMPTS, concurrency=4)
+    in_flight = time.perf_counter() - t0
+    assert [t.output for t in alone] == [t.output for t in local]  # served or local, the same fused output
     assert [t.output for t in many] == [t.output for t in alone]
     same_answers = [i for i, (a, m) in enumerate(zip(alone, many)) if _answered_alike(a, m, remote.name)]
     assert len(same_answers) >= 2, f"the server answered only decodes {same_answers} as it did alone"
     requests = [[t.cost(remote.name)["forward_passes"] for t in (many[i], alone[i])] for i in same_answers]
     assert all(m == a for m, a in requests), requests
-    print(f"4 decodes with a served member: one at a time {t1 - t0:.1f} s, 4 in flight {t2 - t1:.1f} s; "
+    print(f"4 decodes with a served member: one at a time {one_at_a_time:.1f} s, 4 in flight {in_flight:.1f} s; "
           f"served the same answers: {len(same_answers)} of 4")
 
 
