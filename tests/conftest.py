@@ -40,14 +40,20 @@ def pytest_collection_modifyitems(config, items):
             problems.append(f"{item.nodeid}: marked unit but uses {', '.join(sorted(real))} (a real model)")
     if problems:
         raise pytest.UsageError("test tiers:\n  " + "\n  ".join(problems))
+    for item in items:  # whole files to a worker (`./dev test` runs --dist loadgroup), files sharing a server together
+        item.add_marker(pytest.mark.xdist_group(SAME_WORKER.get(item.path.name, item.path.name)))
     items.sort(key=slow_first)  # stable: every file keeps its tests' order
 
 
 # the slowest files first (as measured by a full run on 2 cores, 2026-12-05): `./dev test` hands whole files to its 2
-# workers in collection order (--dist loadfile), so the long ones start at once and the short ones fill in around them
+# workers in collection order (--dist loadgroup, a group per file but SAME_WORKER's), so the long ones start at once and the short ones fill in around them
 SLOW_FIRST = ("test_app_browser.py", "test_served.py", "test_app_e2e.py", "test_lm_eval.py", "test_readme.py",
               "test_decoder.py", "test_parallel.py", "test_speculation.py", "test_faults.py", "test_session.py",
               "test_public_browser.py")
+
+
+# files whose session fixture starts a server process: on one worker, it starts once (`adafuse serve` on the pair: ~20 s)
+SAME_WORKER = {"test_lm_eval.py": "adafuse_server", "test_openai_server.py": "adafuse_server"}
 
 
 def slow_first(item: pytest.Item) -> int:
