@@ -63,8 +63,8 @@ def _model_tokens(lm: LoadedModel, name: str, trace: Trace, config: DecodeConfig
     row = pl.real[ctx:]
     out = view.score_rows(ctx, [row], [False], wanted)[0] if row and wanted[0] else None
     # right after y's tokens: the view's next-token log-probs, exact for the tokens read there (a served model's top-k)
-    first_ids = sorted({t for p in range(pl.start, len(seq)) if p == n_ids and aligned for t in read_ids(view, seq[p])})
-    first = view.next_exact(first_ids) if first_ids else view.next_logprobs
+    first_here = aligned and pl.start <= n_ids < len(seq)
+    first = view.next_exact(read_ids(view, seq[n_ids])) if first_here else view.next_logprobs
     tokens, values = [], []
     for p in range(pl.start, len(seq)):
         dist = first if p == n_ids and aligned else out[p - ctx - 1]

@@ -178,11 +178,12 @@ def pool_view(ex: Explorer, index: int):
 
 
 FUSED_AT, STATUS_AT, CANCEL_AT = 0, 10, 14  # where the answer, the status and Cancel sit in render()'s tuple
+N_OUTPUTS = 18  # render()'s length: ui.py checks it against the page's outputs
 
 
 def only_status(text: str | None = None) -> tuple:
     """Leave every view as it is; set the status (None: leave it too)."""
-    out = [gr.update()] * len(render(Explorer()))
+    out = [gr.update()] * N_OUTPUTS
     if text is not None:
         out[STATUS_AT] = text
     return tuple(out)

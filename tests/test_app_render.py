@@ -109,3 +109,8 @@ def test_rounds_that_stream_in_quickly_redraw_the_answer_and_not_every_chart(mon
     outs = list(on_run(None, NAMES, "default", False, "Give me two short tips for making a good cup of tea.", False,
                        [], None, *cfg))
     assert all(isinstance(o[1 + POOL], go.Figure) for o in outs if re.search(r"rounds? decided", o[1 + STATUS_AT] or ""))
+
+
+def test_a_status_only_update_has_one_entry_per_view_without_drawing_any():
+    from app.views import N_OUTPUTS, only_status
+    assert len(render(Explorer())) == N_OUTPUTS == len(only_status("x")) and only_status("x")[STATUS_AT] == "x"
