@@ -108,22 +108,25 @@ def wire_decoding(ui: SimpleNamespace) -> None:
     """The prompt's stop proposals, settings moved during a Run, and Run, Step, Cancel, Branch, Reset, Tokens."""
     hidden = HIDDEN
     proposed = gr.State("")  # the stop strings last proposed from the prompt (USER: the box is the user's own)
+    # the prompt's handlers run one at a time, in the order the page sent them: a proposal read from the
+    # text before a click on the frame cannot land after the frame's own
+    in_order = dict(HIDDEN, concurrency_id="prompt", concurrency_limit=1)
     for trigger in (ui.prompt.input, ui.mode.input):
         trigger(on_prompt, [ui.prompt, ui.mode, ui.stop, proposed], [ui.stop, proposed],
-                show_progress="hidden", trigger_mode="always_last", **hidden)
-    ui.stop.input(lambda: USER, None, [proposed], show_progress="hidden", **hidden)
+                show_progress="hidden", trigger_mode="always_last", **in_order)
+    ui.stop.input(lambda: USER, None, [proposed], show_progress="hidden", **in_order)
     # a bare question read raw: the hint under the prompt offers chat mode or the Question/Answer frame in one click,
-    # each followed by its stop proposal
-    for trigger in (ui.prompt.input, ui.mode.input, ui.demo.load):
-        trigger(teach.on_bare, [ui.prompt, ui.mode], [ui.bare], show_progress="hidden", trigger_mode="always_last",
-                **hidden)
+    # each followed by its stop proposal. The hint follows every change of the prompt or the mode, the frame's and
+    # chat's own included, with one handler (always_last: its last run reads the box as it is then)
+    gr.on([ui.prompt.change, ui.mode.change, ui.demo.load], teach.on_bare, [ui.prompt, ui.mode], [ui.bare],
+          show_progress="hidden", trigger_mode="always_last", **in_order)
     restop = dict(fn=on_prompt, inputs=[ui.prompt, ui.mode, ui.stop, proposed], outputs=[ui.stop, proposed],
-                  show_progress="hidden", **hidden)
-    ui.bare_frame.click(teach.on_frame, [ui.prompt], [ui.prompt, ui.bare], **hidden).then(**restop)
-    ui.bare_chat.click(teach.on_chat, None, [ui.mode, ui.bare], **hidden).then(**restop)
+                  show_progress="hidden", **in_order)
+    ui.bare_frame.click(teach.on_frame, [ui.prompt], [ui.prompt, ui.bare], **in_order).then(**restop)
+    ui.bare_chat.click(teach.on_chat, None, [ui.mode, ui.bare], **in_order).then(**restop)
     # a prompt already in the box when the page loads (restored by the browser) gets its proposal too
     ui.demo.load(on_prompt, [ui.prompt, ui.mode, ui.stop, proposed], [ui.stop, proposed], show_progress="hidden",
-                 **hidden)
+                 **in_order)
     for c in ui.settings[1:]:  # every setting but the models
         c.input(on_live, [ui.state, *ui.settings], None, show_progress="hidden", trigger_mode="always_last",
                 concurrency_limit=None, **hidden)

@@ -135,3 +135,28 @@ def test_the_apps_queue_looks_for_work_every_20_ms_not_every_millisecond():
     assert demo.queue()._queue.sleep_when_free < QUEUE_POLL_S  # Gradio's own: what `queued` changes
     q = queued(demo, max_size=3)._queue
     assert q.sleep_when_free == q.progress_update_sleep_when_free == QUEUE_POLL_S and q.max_size == 3
+
+
+def test_the_bare_question_hint_follows_every_change_of_the_prompt_and_runs_in_order_with_the_frame():
+    """Typing a bare question and clicking the frame at once: a hint decision read from the text before the click
+    landed after the frame's and left the hint up under a framed prompt (a CI run). The hint is one handler on every
+    change of the prompt or mode (the frame's own change included, always_last), and the prompt's handlers run one
+    at a time in the order sent."""
+    from app import teach
+    from app.handlers import on_prompt
+    from app.ui import build_demo
+    demo = build_demo()
+    by_id = {b._id: b for b in demo.blocks.values()}
+    deps = demo.config["dependencies"]
+    fns = demo.fns
+
+    def of(fn):
+        return [(d, fns[d["id"]]) for d in deps if fns[d["id"]].fn is fn]
+
+    (hint, _), = of(teach.on_bare)
+    triggers = {(getattr(by_id.get(t), "label", None), e) for t, e in hint["targets"]}
+    assert {("Prompt", "change"), ("Prompt mode", "change")} <= triggers and hint["trigger_mode"] == "always_last"
+    ordered = [f for _, f in of(teach.on_bare) + of(teach.on_frame) + of(teach.on_chat) + of(on_prompt)
+               if f.concurrency_id == "prompt"]
+    # the hint, the frame, chat, and on_prompt on typing (2), after the frame and chat (2) and at load
+    assert len(ordered) == 8 and all(f.concurrency_limit == 1 for f in ordered)
