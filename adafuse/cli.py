@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--branches", type=int, help="B for every method (default 3)")
     ev.add_argument("--weights", type=float, nargs="+", metavar="W", help="one weight per model for every method")
     ev.add_argument("--max-new-words", type=int, help="override the task's word cap (GSM8K: 200)")
+    ev.add_argument("--normalize", choices=NORMALIZATIONS, default=None,
+                    help="NLL unit for every method (default per word; the paper's: token)")
+    ev.add_argument("--allow-empty", action=argparse.BooleanOptionalAction, default=None,
+                    help="let the end of the answer win before its first word, as the paper's pool does (default: off)")
     ev.add_argument("--speculate", action=argparse.BooleanOptionalAction, default=None,
                     help="speculative proposals for every method (default: on, the library's default; the same "
                          "answers, fewer forwards)")
@@ -116,6 +120,9 @@ def add_decode_args(p: argparse.ArgumentParser, **helps: str) -> None:
                    help="a learned gate file (per-round weights; assets/gates/ has ones for the bundled pair)")
     p.add_argument("--normalize", choices=NORMALIZATIONS, default=d.normalize,
                    help="average each candidate's NLL over its tokens (the paper), its words or its UTF-8 bytes")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="let the end of the answer win before its first word, as the paper's pool does (default: the "
+                        "end is held back while another candidate is in the pool)")
     p.add_argument("--speculate", action=argparse.BooleanOptionalAction, default=d.speculate,
                    help="speculative proposals: a confident model first verifies the spans proposed before it this "
                         "round in one forward (same decode, fewer forward passes; on by default)")
@@ -148,7 +155,7 @@ def decode_config(args: argparse.Namespace, **fields) -> DecodeConfig:
                           stop=tuple(x for s in args.stop for x in parse_stops(s)), system=_unescape(args.system),
                           thinking=args.thinking, weights=tuple(args.weights), gate=args.gate,
                           speculate=args.speculate, draft_lookup=not args.no_draft_lookup, normalize=args.normalize,
-                          **own, **fields)
+                          allow_empty=args.allow_empty, **own, **fields)
     cfg.check_models(len(args.models))
     return cfg
 
@@ -174,6 +181,7 @@ def run_eval(args) -> int:
     limit = args.limit if args.limit is not None or lines else 20
     base = {k: v for k, v in (("tau", args.tau), ("max_words", args.max_words), ("branches", args.branches),
                               ("max_new_words", args.max_new_words), ("speculate", args.speculate),
+                              ("normalize", args.normalize), ("allow_empty", args.allow_empty),
                               ("weights", tuple(args.weights) if args.weights else None)) if v is not None}
     check_weights(args.weights, len(args.models))
     DecodeConfig(**base)  # validate before loading anything

@@ -10,6 +10,9 @@ from .errors import ConfigError
 MODES = ("raw", "chat")
 EXPLORATIONS = ("surface", "embedding")
 NORMALIZATIONS = ("token", "word", "byte")
+# the paper's unit and pool, as every stored research run (results/) was decoded before per word and the held-back
+# end became the defaults: what a reproduction or a resumed stored run names
+PAPER = {"normalize": "token", "allow_empty": True}
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,15 @@ class DecodeConfig:
     # what a candidate's NLL is averaged over before fusing: "token" (the paper: its tokens in each model's
     # tokenization), "word" (its words, the end of the answer counting as one) or "byte" (its text's UTF-8 bytes, the
     # same count for every model; the end counting as one): per token, a long word whose first token is unlikely and
-    # whose last tokens are near certain beats a likelier one-token word (docs/results.md)
-    normalize: str = "token"
+    # whose last tokens are near certain beats a likelier one-token word (docs/results.md). Per word by default: the
+    # unit a rule declared before the run chose, on the tasks and on newcomers' questions (docs/defaults.md)
+    normalize: str = "word"
+    # whether the end of the answer (an end token or a stop string) may win a round before the answer holds a word.
+    # Off: while the answer is empty, a proposal to end it is left out of the pool whenever another candidate is in it
+    # (its model's step says so: `ModelStep.held_end`), as `min_new_tokens` keeps a model's end token back. Per word, a
+    # question's end ("\n" after "Answer:") is one word as likely as the answer's first, and won at once on 6 of 30
+    # newcomers' questions (bench/newcomers.py); the paper lets it (True)
+    allow_empty: bool = False
 
     def __post_init__(self) -> None:
         def bad(name: str, value, fix: str) -> ConfigError:
@@ -120,6 +130,8 @@ class DecodeConfig:
             raise bad("speculate", self.speculate, "use True or False")
         if not isinstance(self.draft_lookup, bool):
             raise bad("draft_lookup", self.draft_lookup, "use True or False")
+        if not isinstance(self.allow_empty, bool):
+            raise bad("allow_empty", self.allow_empty, "use True or False")
         if not isinstance(self.gate, str):
             raise bad("gate", self.gate, "use the path of a gate file, or an empty string for none")
         if self.explore_top_k < self.branches:
@@ -171,8 +183,10 @@ class DecodeConfig:
     def from_dict(cls, d: dict) -> "DecodeConfig":
         """The settings a trace recorded (`to_dict`). A setting it does not name did not exist when it was decoded
         and takes its default, which was that decode's behaviour — except `speculate`, off until it became the
-        default: an older trace replays, branches and explains as it was decoded, costs included."""
-        known = {"speculate": False} | {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        default, and `allow_empty`, on before it was a setting: an older trace replays, branches and explains as it was
+        decoded, costs included."""
+        known = {"speculate": False, "allow_empty": True} | {k: v for k, v in d.items()
+                                                             if k in cls.__dataclass_fields__}
         for key in ("stop", "weights"):
             if key in known:
                 known[key] = tuple(known[key])

@@ -151,7 +151,7 @@ class Decoding:
         self.catch_ups.before_round(acting, self.method.drawn(ctx), ctx.output)
         gate = self.fusion.gate(ctx.config)
         proposed, entropies = self._propose_all(ctx, acting, gate is not None)
-        pool = build_pool(self.names, proposed, ctx.output, self.ending, self._on_stop_token)
+        pool = build_pool(self.names, proposed, ctx.output, self.ending, self._on_stop_token, ctx.config.allow_empty)
         fused = None
         if self.method.scores and (len(pool.candidates) > 1 or ctx.config.score_single):
             self._score(pool, ctx.config)

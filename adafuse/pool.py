@@ -21,11 +21,16 @@ class Pool:
 
 
 def build_pool(names: Sequence[str], proposed: Mapping[int, Proposed], output: str, ending: Ending,
-               on_stop_token: Callable[[int, Proposal], bool]) -> Pool:
+               on_stop_token: Callable[[int, Proposal], bool], allow_empty: bool = True) -> Pool:
     """The pool of the models that proposed (`proposed`, by model index; the others idle) after the text `output`:
     each proposal is cut at the end of the answer (`ending`), proposals with the same (text, end) are one candidate
     whoever proposed them, in the order the models and their proposals come. `on_stop_token(m, p)`: whether model m's
-    proposal p ended on a token that starts a stop string. Its inputs are not changed; nothing is scored."""
+    proposal p ended on a token that starts a stop string. Not `allow_empty`: while `output` holds no word, a proposal
+    that ends the answer with nothing before it is left out when any other is in (its step's `held_end`). Its inputs
+    are not changed; nothing is scored."""
+    heads = {(m, k): ending.head(output, p.text, p.eos) for m, mine in proposed.items()
+             for k, p in enumerate(mine.proposals)}
+    hold = not allow_empty and not output.strip() and any(h.strip() for h, _, _ in heads.values())
     keys: dict[tuple[str, bool], int] = {}
     cut: set[int] = set()
     words: list[int] = []
@@ -38,8 +43,12 @@ def build_pool(names: Sequence[str], proposed: Mapping[int, Proposed], output: s
             steps.append(ModelStep(model=name, mode=StepMode.IDLE, margins=[], proposals=[]))
             continue
         indices: list[int] = []
-        for p in mine.proposals:
-            head, eos, at_stop = ending.head(output, p.text, p.eos)
+        held = False
+        for k, p in enumerate(mine.proposals):
+            head, eos, at_stop = heads[m, k]
+            if eos and hold and not head.strip():
+                held = True
+                continue
             if head == "" and not eos:
                 continue
             if (head, eos) not in keys:
@@ -55,7 +64,7 @@ def build_pool(names: Sequence[str], proposed: Mapping[int, Proposed], output: s
             if i not in indices:
                 indices.append(i)
         steps.append(ModelStep(model=name, mode=mine.mode, margins=list(mine.margins), proposals=indices,
-                               selection=dict(mine.selection)))
+                               selection=dict(mine.selection), held_end=held))
     texts = list(keys)
     if not texts:  # nothing but empty text: cannot move
         texts, proposers, words = [("", True)], [[]], [0]

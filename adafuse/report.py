@@ -92,6 +92,11 @@ def round_sentence(trace: Trace, r: Round) -> str:
                      f"{'it' if len(unsure) == 1 else 'each'} offered {how} {b} first words")
     for s, _ in other:
         parts.append(f"{s.model} {'sat this round out' if s.mode == StepMode.IDLE else 'worked ' + str(s.mode)}")
+    held = [s.model for s in r.steps if s.held_end]
+    if held:
+        who = _names(held, len(r.steps))
+        who = who[0].lower() + who[1:] if who.startswith(("Both", "All")) else who
+        parts.append(f"the end of the answer, proposed by {who} before its first word, was held back")
     did = "; ".join(parts) or f"round {r.index}"
     c = r.candidates[r.chosen]
     label = f"“{candidate_label(c.text, c.eos)}”"

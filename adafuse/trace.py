@@ -73,6 +73,9 @@ class ModelStep:
     # over those forwards: riders / shared_passes decodes per shared forward)
     shared_passes: int = 0
     riders: int = 0
+    # it proposed to end the answer before the answer held a word, and another candidate was in the pool: its end was
+    # left out (`DecodeConfig.allow_empty` off)
+    held_end: bool = False
     # an explore step: how its first tokens were chosen (adafuse/selection.py): {"strategy", "lambda", "bandwidth",
     # "tokens": [{token, rank, text, end, p, logp, penalty, score, picked, order, skip, like, similarity}]}
     selection: dict = field(default_factory=dict)

@@ -180,12 +180,17 @@ def weights_panel(ui: SimpleNamespace) -> None:
         ui.normalize = gr.Radio(list(NORMALIZE), elem_id="af-normalize",
                                 value=next(k for k, v in NORMALIZE.items() if v == DecodeConfig.normalize),
                                 label="Each model's NLL of a candidate, averaged",
-                                info="Per token by default, as everywhere (the paper's rule; measured the "
-                                     "better default: docs/defaults.md). Per token a word with a near-certain "
-                                     "tail (\" 1.\": an unsure \" 1\", a sure \".\") can beat a likelier "
-                                     "word; per word counts a word's whole NLL, the end of the answer one "
-                                     "word, so ending early wins more often; per byte divides the whole NLL "
-                                     "by the text's UTF-8 bytes, the same count for every tokenizer.")
+                                info="Per word by default, as everywhere (measured the better default: "
+                                     "docs/defaults.md; per token is the paper's rule). Per token a word with a "
+                                     "near-certain tail (\" 1.\": an unsure \" 1\", a sure \".\") can beat a "
+                                     "likelier word; per word counts a word's whole NLL, the end of the answer "
+                                     "one word; per byte divides the whole NLL by the text's UTF-8 bytes, the "
+                                     "same count for every tokenizer.")
+        ui.allow_empty = gr.Checkbox(value=DecodeConfig.allow_empty, elem_id="af-allow-empty",
+                                     label="Let the answer end before its first word (the paper's pool)",
+                                     info="Off by default: while the answer is empty, a model's proposal to end it "
+                                          "is left out when another candidate is in the round (a question's line "
+                                          "end can be likelier than its answer's first word).")
         ui.gate = gr.Dropdown(gate_choices(), value="", label="Learned gate (per-round weights)",
                               info="Weights each round from what the models show (margin, entropy, "
                                    "confidence, own NLL, position); replaces the sliders. Trained for "

@@ -16,9 +16,10 @@ HOW_A_ROUND_WORKS = f"""\
 starts: **Δ** is the probability of its likeliest first token minus the runner-up's.
 **Sure** (Δ ≥ **τΔ**): it writes up to **M** words. **Unsure**: it offers **B** different first words, each finished
 into a whole word. Every model then scores every candidate: its **NLL** (negative log-likelihood, lower = likelier)
-divided by the candidate's length — **{UNIT_WORDS[DecodeConfig.normalize]}** by default (set in the weights panel
-below), so that short and long candidates compare. The **fused score** is the models' average NLL; the lowest wins and
-is appended to the **fused** answer. The Pool tab says each round in words.
+divided by the candidate's length — **{UNIT_WORDS[DecodeConfig.normalize]}** by default (the paper's: per token; set
+in the weights panel below), so that short and long candidates compare. The **fused score** is the models' average
+NLL; the lowest wins and is appended to the **fused** answer. Before the answer's first word, a proposal to end it is
+held back while another candidate is in the round. The Pool tab says each round in words.
 **Speculative proposals**: a sure model first checks, in one pass, the spans the others proposed — the same answer,
 fewer forward passes. **λ** (embedding exploration) keeps the B first words apart in meaning, not only in spelling."""
 

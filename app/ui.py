@@ -62,11 +62,11 @@ def build_demo(rules: public.Policy | None = None) -> gr.Blocks:
         assert ui.outputs[STATUS_AT] is ui.status and ui.outputs[CANCEL_AT] is ui.cancel_btn
         ui.settings = [ui.models, ui.tau, ui.max_words, ui.branches, ui.diversity, ui.exploration, ui.lam,
                        ui.max_new_words, ui.max_new_tokens, ui.mode, ui.stop, ui.system, ui.thinking, ui.speculate,
-                       ui.normalize, ui.gate, *ui.weights]
+                       ui.normalize, ui.allow_empty, ui.gate, *ui.weights]
         # what opening an evaluated example sets back to the settings it was decoded with (`views.restored`)
         ui.restorable = [ui.mode, ui.stop, ui.tau, ui.max_words, ui.branches, ui.diversity, ui.exploration, ui.lam,
-                         ui.max_new_words, ui.max_new_tokens, ui.speculate, ui.normalize, ui.gate, ui.system,
-                         *ui.weights]
+                         ui.max_new_words, ui.max_new_tokens, ui.speculate, ui.normalize, ui.allow_empty, ui.gate,
+                         ui.system, *ui.weights]
         api.register()  # /decode and /models for gradio_client
         wire_page(ui)
         wire_decoding(ui)

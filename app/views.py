@@ -71,7 +71,7 @@ def gate_normalize(path: str, current: str):
 
 
 def _settings(names, tau, max_words, branches, diversity, exploration, lam, max_new_words, max_new_tokens, mode, stop,
-              system, thinking, speculate, normalize, gate, *weights) -> DecodeConfig:
+              system, thinking, speculate, normalize, allow_empty, gate, *weights) -> DecodeConfig:
     """The page's settings as a decode takes them: each slider's value as typed, snapped to what the slider shows
     (`sliders.Spec.snap`; the page snaps its box the same way when it loses focus, and says so)."""
     picked = [WEIGHT.snap(w) for w in weights[: len([n for n in names or [] if str(n).strip()])]]
@@ -83,7 +83,8 @@ def _settings(names, tau, max_words, branches, diversity, exploration, lam, max_
                         max_new_tokens=MAX_NEW_TOKENS.snap(max_new_tokens), mode=mode,
                         stop=parse_stops(stop), system=(system or "").strip(), thinking=THINKING[thinking],
                         weights=tuple(float(w) for w in picked) if len(set(picked)) > 1 else (), gate=gate or "",
-                        speculate=bool(speculate), normalize=NORMALIZE.get(normalize, normalize))
+                        speculate=bool(speculate), normalize=NORMALIZE.get(normalize, normalize),
+                        allow_empty=bool(allow_empty))
 
 
 def weight_sliders(names):
@@ -224,6 +225,7 @@ def restored(st: dict, n_models: int) -> list:
             MAX_NEW_WORDS.snap(st.get("max_new_words", 40)), MAX_NEW_TOKENS.snap(st.get("max_new_tokens", 1024)),
             bool(st.get("speculate", False)),
             next((k for k, v in NORMALIZE.items() if v == st.get("normalize", "token")), next(iter(NORMALIZE))),
+            bool(st.get("allow_empty", True)),  # a trace from before the setting: the end could win at once
             st.get("gate", "") if st.get("gate", "") in gates else "", st.get("system", ""),
             *[WEIGHT.snap(weights[i]) if i < len(weights) else 1.0 for i in range(MAX_MODELS)]]
 

@@ -8,6 +8,12 @@ ending).
     python -m bench.newcomers                          # the bundled pair, every question, both ways (minutes)
     python -m bench.newcomers --limit 5 --ways chat --units token word
     python -m bench.newcomers --out results/bench/newcomers.json
+    python -m bench.newcomers --redo-empty results/bench  # stored runs brought to today's defaults (below)
+
+`--redo-empty FOLDER` reads the stored newcomers-<way>.json there and decodes again only the fused answers that came out
+empty: a setting that keeps the end of the answer back before the first word (`allow_empty` off) changes no other
+decode, since it only leaves a candidate that did not win out of the first round. The stored empty rows stay, labelled
+"… end at once allowed)", beside the new ones.
 
 Not a test: the numbers describe the models as much as the code (docs/defaults.md quotes a run).
 """
@@ -88,6 +94,35 @@ def run(models, units, ways, limit: int | None, log=print) -> list[dict]:
     return rows
 
 
+def redo_empty(folder: Path, models, log=print) -> None:
+    """Each stored newcomers-<way>.json in `folder` brought to today's defaults: its fused answers that came out empty
+    decoded again, the others carried over; every stored fused answer kept too, under "fused (UNIT, end at once
+    allowed)"."""
+    from adafuse import AdaFuse, DecodeConfig
+    aliases = dict(QUESTIONS)
+    for path in sorted(folder.glob("newcomers-*.json")):
+        rows, now, before = json.loads(path.read_text(encoding="utf-8"))["rows"], [], []
+        for row in rows:
+            label = row["run"]
+            if not (label.startswith("fused (") and "," not in label):
+                now.append(row)
+                continue
+            unit = label[len("fused ("):-1]
+            before.append({**row, "run": f"fused ({unit}, end at once allowed)"})
+            if not row["empty"]:
+                now.append(row)
+                continue
+            prompt, settings = ask(row["way"], row["question"])
+            t0 = time.perf_counter()
+            trace = AdaFuse(models, DecodeConfig(**settings, normalize=unit)).generate(prompt)
+            now.append({**row, "answer": trace.output, "holds": holds(trace.output, aliases[row["question"]]),
+                        "empty": not trace.output.strip(), "run_on": str(trace.stop_reason or "") in RUN_ON,
+                        "seconds": round(time.perf_counter() - t0, 2)})
+            log(f"{row['way']:10} {label:32} {'✓' if now[-1]['holds'] else '·'} {trace.output.strip()[:70]!r}")
+        out = now + before
+        path.write_text(json.dumps({"rows": out, "table": table(out)}, indent=1, ensure_ascii=False) + "\n")
+
+
 def table(rows: list[dict]) -> str:
     """Per way and run: answers holding the answer, empty, run on, of how many."""
     lines = ["| way | run | holds the answer | empty | run on | of |", "|---|---|---|---|---|---|"]
@@ -109,8 +144,13 @@ def main(argv=None) -> int:
     p.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
     p.add_argument("--limit", type=int, default=None, help="the first N questions")
     p.add_argument("--out", type=Path, default=None, help="write every answer here (JSON)")
+    p.add_argument("--redo-empty", type=Path, default=None, metavar="FOLDER",
+                   help="decode again the empty fused answers of the stored runs in FOLDER (see above)")
     args = p.parse_args(argv)
     models = [get_model(m) for m in args.models]
+    if args.redo_empty:
+        redo_empty(args.redo_empty, models)
+        return 0
     rows = run(models, args.units, args.ways, args.limit)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from adafuse.config import PAPER  # noqa: E402
 from adafuse.gate import load_gate  # noqa: E402
 from adafuse.harness.evaluate import done_keys, write_summary  # noqa: E402
 
@@ -141,9 +142,10 @@ def worker(idx: int, todo: "queue.Queue", out: Path, log: Path, threads: int) ->
             shutil.copyfile(out / f"{task}.jsonl", mine)
         cmd = [sys.executable, "-m", "adafuse", "eval", "--task", task, "--limit", str(limit), "--out", str(folder),
                "--no-progress", "--methods", *methods, *extra,
-               # as the stored results were decoded: one at a time (wall seconds per decode) and without speculation
-               # (the algorithm's own forwards), so rows added to them stay comparable
-               "--concurrency", "1", "--no-speculate"]
+               # as the stored results were decoded: one at a time (wall seconds per decode), without speculation
+               # (the algorithm's own forwards), with the paper's unit and pool (PAPER): rows added stay comparable
+               "--concurrency", "1", "--no-speculate", "--normalize", PAPER["normalize"],
+               "--allow-empty" if PAPER["allow_empty"] else "--no-allow-empty"]
         t0 = time.time()
         with log.open("a") as fh:
             fh.write(f"[w{idx} {time.strftime('%H:%M:%S')}] start {task} {' '.join(methods)}\n")

@@ -135,7 +135,9 @@ def decode_methods(specs: list[str], tasks: list[str], lines: tuple[int, int], p
                    data: Path | None = None, work: Path = WORK, store: Path = STORE, progress: bool = True,
                    registry=None, pair: list[str] | None = None, concurrency: int = 1) -> None:
     """Decode the eval method `specs` on `tasks` (lines `lines`) into the validation rows, resuming from them and
-    packing them again after each task."""
+    packing them again after each task; as the stored rows were decoded (the paper's unit and pool, `PAPER`: a spec
+    names any other, "adafuse[normalize=word]")."""
+    from adafuse.config import PAPER
     from adafuse.harness.evaluate import evaluate, parse_methods
     from adafuse.models import DEFAULT_PAIR, ModelRegistry
     registry = registry or ModelRegistry()
@@ -144,7 +146,7 @@ def decode_methods(specs: list[str], tasks: list[str], lines: tuple[int, int], p
         unpack(task, work, store)
         print(f"{task}: lines {format_lines(lines)}" + (f", the first {per_task}" if per_task else "") + ": "
               + ", ".join(r.label for r in runs), file=sys.stderr, flush=True)
-        evaluate(TASKS[task], runs, work, data, per_task, progress=progress, registry=registry, lines=lines,
+        evaluate(TASKS[task], runs, work, data, per_task, base=PAPER, progress=progress, registry=registry, lines=lines,
                  concurrency=concurrency)
         pack(task, work, store)
 

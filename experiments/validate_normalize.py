@@ -135,6 +135,7 @@ def decode_zero_shot(tasks=ZERO_SHOT_TASKS, lines=VALIDATION_LINES, per_task: in
     app proposes for it and a 32-word cap, per token and per word; rows in <store>/zero-shot/rows.jsonl.gz (resumed;
 a folder of its own: they are not a task's rows)."""
     from adafuse import AdaFuse, DecodeConfig
+    from adafuse.config import PAPER
     from adafuse.harness.tasks import data_dir, read_examples
     from adafuse.models import DEFAULT_PAIR, ModelRegistry
     from .validate_gates import pack, unpack
@@ -151,7 +152,7 @@ a folder of its own: they are not a task's rows)."""
             todo = [(no, ex) for no, ex in exs if (t, no, norm) not in done]
             if not todo:
                 continue
-            cfg = DecodeConfig(stop=("\n",), max_new_words=ZERO_SHOT_WORDS, normalize=norm)
+            cfg = DecodeConfig(stop=("\n",), max_new_words=ZERO_SHOT_WORDS, **{**PAPER, "normalize": norm})
             print(f"zero-shot {t} per {norm}: {len(todo)} questions", flush=True)
             traces = AdaFuse(models, cfg).generate_many([ZERO_SHOT.format(ex["question"]) for _, ex in todo],
                                                         concurrency)
@@ -245,6 +246,14 @@ def document(result: dict) -> str:
         "(`DecodeConfig`), the command line, `adafuse serve`, lm-eval's model_args and the app, chosen by this",
         "measurement; per token stays one setting away (`normalize=\"token\"`), as the paper's rule.",
         "",
+        "With the unit goes one rule of the pool (`allow_empty=False`, also the default everywhere): while the answer "
+        "holds no word, a proposal to end it is left out of the round when another candidate is in it (the model's "
+        "step records `held_end`), as `min_new_tokens` holds a model's end token back. It changes only the decodes "
+        "whose first round the end won — the empty answers —, since it leaves out a candidate that did not win "
+        "otherwise. The tasks' rows below and the bare NQ/TriviaQA questions were decoded with the end allowed at "
+        "once (the paper's pool, `adafuse.config.PAPER`, as every stored run): their 'empty' columns are the answers "
+        "the rule changes. The newcomers' table shows both.",
+        "",
         f"**Chosen: {NAMED[result['chosen']]}.** Rule ({result['rule']}).",
         "",
         *_status(result["chosen"]),
@@ -256,12 +265,14 @@ def document(result: dict) -> str:
         "no answer; 'run-on': the word or token cap stopped it, not the answer's end. GSM8K decodes take about 75 s "
         "each here, so it has a shorter stretch of its validation lines (the table names the lines each task had).",
         "",
-        "## What newcomers type (`python -m bench.newcomers`, default settings)",
+        "## What newcomers type (`python -m bench.newcomers`, default settings; `--redo-empty` brought the stored "
+        "runs to the held-back end)",
         "",
         "30 common-knowledge questions of this project's own (bench/newcomers.py), as a completion (`Question: …\\n"
         "Answer:` with the `\\n` stop the app proposes) and as a chat message (each model's chat template; a model "
         "without one reads a User/Assistant transcript whose turn ends at its next `User:` line); "
-        "an answer holds the answer when one of the question's aliases is inside it (normalized text).",
+        "an answer holds the answer when one of the question's aliases is inside it (normalized text). \"End at once "
+        "allowed\": the paper's pool, the end of the answer free to win before the first word.",
         "",
         *newcomer_table(result.get("newcomers", {})),
         "",
@@ -272,8 +283,9 @@ def document(result: dict) -> str:
            *zrows, ""] if zrows else []),
         "Per token, a candidate with an unsure first token and a near-certain tail (\" 1.\") is cheap per token and can "
         "start a list; per word, the end of the answer is one word with its own NLL and often wins at once (empty "
-        "answers); per byte, a whole word's NLL is spread over its letters, so neither a sure tail nor ending early "
-        "is favoured the way the other units favour them.",
+        "answers, until the end was held back before the first word); per byte, a whole word's NLL is spread over its "
+        "letters, so neither a sure tail nor ending early is favoured the way the other units favour them, but a chat "
+        "answer's sure tail of words runs on (23 of 30 chat answers hit the word cap).",
         "",
     ])
 

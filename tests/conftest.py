@@ -98,9 +98,11 @@ def pair():
 
 @pytest.fixture(scope="session")
 def hamlet(pair):
-    """A short decode on the real pair and a later round with more than one candidate (to branch from, to explain)."""
+    """A short decode on the real pair and a later round with more than one candidate (to branch from, to explain):
+    per token, where the bare question runs into a list (per word, the default, answers in one round)."""
     from adafuse import AdaFuse, DecodeConfig
-    tr = AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=12)).generate("Question: Who wrote Hamlet?\nAnswer:")
+    tr = AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=12, normalize="token")).generate(
+        "Question: Who wrote Hamlet?\nAnswer:")
     return tr, next(r.index for r in tr.rounds if r.index > 0 and len(r.candidates) > 1)
 
 

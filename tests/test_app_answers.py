@@ -52,7 +52,7 @@ def test_one_model_alone_scores_the_answers():
 
 SETTINGS = dict(names=["a", "b"], tau=0.7, max_words=3, branches=3, diversity=True, exploration="surface", lam=1.0,
                 max_new_words=8, max_new_tokens=80, mode="raw", stop="", system="", thinking="template default",
-                speculate=False, normalize="per token (paper)", gate="", w0=1, w1=1)
+                speculate=False, normalize="per token (paper)", allow_empty=False, gate="", w0=1, w1=1)
 
 
 @pytest.fixture

@@ -195,6 +195,7 @@ def test_an_empty_answer_says_why_in_its_place(page):
     pg.get_by_label("Also run each model alone (greedy)").uncheck()  # the fused answer is the one looked at
     open_accordion(pg, "Model weights in the fused score", "#af-normalize")
     pg.locator("#af-normalize").get_by_label("per token (paper)").check()  # the paper's averaging
+    pg.locator("#af-allow-empty input").check()  # and its pool: the end may win before the first word
     pg.locator("#af-run").click()
     wait_status(pg, "✓ done")
     shown = pg.locator("#af-fused .af-out").inner_text()

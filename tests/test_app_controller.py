@@ -252,7 +252,7 @@ def test_the_comparisons_run_with_a_gate_set_on_the_page(tmp_path):
     from tests.toy import toy_pair
     path = tmp_path / "gate.json"
     Gate.zeros(["a", "b"]).save(path)
-    cfg = DecodeConfig(max_new_words=3, gate=str(path))
+    cfg = DecodeConfig(max_new_words=3, gate=str(path), normalize="token")
     for label in COMPARE_METHODS:
         trace = AdaFuse(list(toy_pair()), compared(cfg, label)).generate("Q")
         assert trace.output is not None

@@ -101,12 +101,12 @@ def test_scenario_from_an_evaluation_to_the_round_where_the_ensemble_left_a_memb
 
 def test_a_newcomers_raw_prompt_gets_a_stop_string_and_stops_after_the_answer(page):
     """A newcomer types the prompt the box suggests (one worked example, then the question) at every default (the
-    library's, per token): the stop string is proposed, the answer is the name, and it stops there."""
+    library's, per word): the stop string is proposed, the answer is the name, and it stops there."""
     pg = page
     pg.reload()  # a newcomer's page: every setting at its default, nothing left by the tests before
     pg.get_by_text("AdaFuse Explorer").first.wait_for()
     open_accordion(pg, "Model weights in the fused score", "#af-normalize")
-    assert pg.get_by_label("per token (paper)", exact=True).is_checked()  # the default everywhere (docs/defaults.md)
+    assert pg.get_by_label("per word", exact=True).is_checked()  # the default everywhere (docs/defaults.md)
     box = pg.locator("#af-prompt textarea")
     assert "Who wrote Hamlet?" in box.get_attribute("placeholder")
     box.fill("")
@@ -127,7 +127,7 @@ def test_a_newcomers_raw_prompt_gets_a_stop_string_and_stops_after_the_answer(pa
         assert f"· {seconds}s" in pg.locator("#af-compare .af-col").first.inner_text()
         pg.locator("#af-fused .af-span").first.focus()
         tip = pg.evaluate("() => document.activeElement.dataset.tip || ''")
-        assert "beat runner-up “" in tip and "fused NLL" in tip and "NLL per token" in tip, tip  # why it won
+        assert "beat runner-up “" in tip and "fused NLL" in tip and "NLL per word" in tip, tip  # why it won
         pg.screenshot(path=str(SHOTS / "newcomer-1280x800.png"))
     finally:
         pg.set_viewport_size({"width": 1400, "height": 1000})

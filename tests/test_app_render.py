@@ -21,7 +21,7 @@ NAMES = list(DEFAULT_PAIR)
 HAMLET = "Question: Who wrote the play Hamlet?\nAnswer:"  # round 0 explores; the last round commits the line end alone
 SETTINGS = dict(tau=0.7, max_words=3, branches=3, diversity=True, exploration="surface", lam=1.0, max_new_words=40,
                 max_new_tokens=80, mode="raw", stop="\\n", system="", thinking="template default", speculate=False,
-                normalize="per token (paper)", gate="", weights=(1, 1))
+                normalize="per token (paper)", allow_empty=False, gate="", weights=(1, 1))
 CFG = DecodeConfig(stop=("\n",), max_new_words=40, max_new_tokens=80, speculate=False)
 SLIDER, POOL = 8, 3  # where the round slider and the pool figure sit in render()'s tuple
 

@@ -22,7 +22,7 @@ def test_slider_boxes_take_whole_counts_and_some_weight():
     from app.views import _settings
     base = dict(names=["a", "b"], tau=0.7, max_words=3, branches=3, diversity=True, exploration="surface", lam=1.0,
                 max_new_words=20, max_new_tokens=80, mode="raw", stop="", system="", thinking="template default",
-                speculate=False, normalize="per token (paper)", gate="")
+                speculate=False, normalize="per token (paper)", allow_empty=False, gate="")
 
     def settings(weights=(1, 1), **kw):
         return _settings(*{**base, **kw}.values(), *weights)

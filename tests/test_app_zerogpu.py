@@ -27,7 +27,7 @@ NAMES = list(DEFAULT_PAIR)
 PROMPT = "Question: Who wrote the play Hamlet?\nAnswer:"  # the toys disagree on round 0: a pool to pick from
 SETTINGS = dict(names=NAMES, tau=0.7, max_words=3, branches=3, diversity=True, exploration="surface", lam=1.0,
                 max_new_words=8, max_new_tokens=80, mode="raw", stop="\\n", system="", thinking="template default",
-                speculate=False, normalize="per token (paper)", gate="", weights=(1, 1))
+                speculate=False, normalize="per token (paper)", allow_empty=False, gate="", weights=(1, 1))
 S = [*list(SETTINGS.values())[:-1], *SETTINGS["weights"]]  # the page's settings, as the handlers take them
 
 

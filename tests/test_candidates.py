@@ -27,7 +27,7 @@ def test_span_stops_when_margin_drops_below_tau():
 
 
 def test_uncertain_model_explores_B_distinct_first_tokens():
-    _, r = first_round(DecodeConfig(tau=0.7, branches=3))
+    _, r = first_round(DecodeConfig(tau=0.7, branches=3, allow_empty=True))  # the end proposed at once, kept
     b = r.steps[1]
     assert b.mode == "explore" and b.margins == pytest.approx([0.2], abs=1e-6)
     texts = [r.candidates[i].text for i in b.proposals]

@@ -58,6 +58,12 @@ def test_the_cli_reads_system_and_thinking():
     assert run("--system", "Be brief.").system == "Be brief."
 
 
+def test_allow_empty_reaches_the_decode_from_the_command_line():
+    from adafuse.cli import decode_config
+    run = lambda *a: build_parser().parse_args(["run", "--prompt", "hi", *a])  # noqa: E731
+    assert decode_config(run()).allow_empty is False and decode_config(run("--allow-empty")).allow_empty is True
+
+
 def test_trust_remote_code_reaches_get_model_from_the_cli(monkeypatch, tmp_path):
     seen = []
 

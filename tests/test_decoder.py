@@ -2,6 +2,7 @@
 changed mid-decode, what a commit costs; toy LMs with hand-computed answers, then the real bundled pair."""
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -201,7 +202,7 @@ def test_the_end_of_the_answer_is_one_event_however_it_is_spelled():
     # over "\n" + "Q" the format continuation would win; as the end event it is scored by the newline alone
     rules = {"Q": {" Paris": 0.3, " London": 0.25, "\n": 0.1}, "\n": {"Q": 0.99}, " Paris": {"<eos>": 0.9},
              " London": {"<eos>": 0.9}}
-    d, r = first_round(DecodeConfig(tau=0.9, branches=3, stop=("\n",)), toy_pair(a=rules, b=rules))
+    d, r = first_round(DecodeConfig(tau=0.9, branches=3, stop=("\n",), allow_empty=True), toy_pair(a=rules, b=rules))
     ends = [c for c in r.candidates if c.eos and c.text == ""]
     assert len(ends) == 1  # proposed as "\n...", pooled with the end tokens: one entry
     end_p = 0.1 + (1 - 0.65) / 9  # "\n" and <eos> (unlisted) together
@@ -218,12 +219,30 @@ def test_whitespace_and_then_the_end_is_the_end_event():
     rules = {"Q": {" ": 0.3, " Paris": 0.28, " London": 0.27, "\n": 0.05}, " ": {"\n": 0.99},
              " Paris": {"<eos>": 0.9}, " London": {"<eos>": 0.9}}
     vocab = ["Q", " Paris", " London", " ", "\n"]
-    d, r = first_round(DecodeConfig(tau=0.9, branches=3, stop=("\n",)),
+    d, r = first_round(DecodeConfig(tau=0.9, branches=3, stop=("\n",), allow_empty=True),
                        [toy_model("a", vocab, rules), toy_model("b", vocab, rules)])
     ends = [c for c in r.candidates if c.eos and not c.text.strip()]
     assert [c.text for c in ends] == [""] and ends[0].n_tokens["a"] == 1
     assert r.candidates[r.winner].text == " Paris"  # averaged with its sure newline, " " + end would have won
     assert d.commit().text == " Paris"
+
+
+def test_an_answer_gets_its_first_word_even_where_ending_at_once_is_likelier():
+    """Both models find the line's end after the question likelier than any first word (0.5 against 0.2): the paper's
+    pool (`allow_empty`) ends the answer empty at once; by default the end is held back until the answer holds a word,
+    each model's step saying so."""
+    rules = {"Q": {"\n": 0.5, " Paris": 0.2, " London": 0.15}, " Paris": {"\n": 0.9}, " London": {"\n": 0.9}}
+    cfg = DecodeConfig(tau=0.9, branches=3, stop=("\n",), normalize="word")
+    paper = AdaFuse(toy_pair(a=rules, b=rules), replace(cfg, allow_empty=True)).generate("Q")
+    assert paper.output == "" and paper.rounds[0].candidates[paper.rounds[0].winner].eos
+    ours = AdaFuse(toy_pair(a=rules, b=rules), cfg).generate("Q")
+    assert ours.output == " Paris" and ours.stop_reason == "stop string" and len(ours.rounds) == 1
+    first = ours.rounds[0]  # " Paris" and then the end: one candidate, in; the end alone, out
+    assert all(s.held_end for s in first.steps) and not any(c.eos and not c.text for c in first.candidates)
+    assert Trace.from_dict(json.loads(ours.to_json())).rounds[0].steps[0].held_end
+    from adafuse.report import round_sentence
+    assert "; the end of the answer, proposed by both models before its first word, was held back;" in \
+        round_sentence(ours, first)
 
 
 def test_nq_few_shot(pair):
@@ -295,9 +314,9 @@ def test_round_texts_add_up_to_the_output(pair, prompt, tau, cap, mode):
 def test_a_de_en_answer_that_ends_at_once_is_one_event_scored_by_the_end_alone(pair):
     """Flores De→En, data line 3: the end of the answer is one candidate whose NLL under each model is
     -log Σ p(end tokens and tokens that start the stop) at the start of the answer, nothing after it (not
-    `"\\n\\nGerman:"` scored over the format it continues into)."""
+    `"\\n\\nGerman:"` scored over the format it continues into). As the paper pools it (`allow_empty`)."""
     prompt, stop = flores_prompt(2), ("\n",)
-    tr = AdaFuse(pair, DecodeConfig(stop=stop, max_new_words=3)).generate(prompt)
+    tr = AdaFuse(pair, DecodeConfig(stop=stop, max_new_words=3, allow_empty=True)).generate(prompt)
     pool = tr.rounds[0].candidates
     assert all("\n" not in c.text for c in pool)  # no text past the stop is scored
     ends = [c for c in pool if c.eos]
@@ -319,16 +338,16 @@ def test_a_de_en_answer_that_ends_at_once_is_one_event_scored_by_the_end_alone(p
 
 
 def test_the_newcomers_raw_question_per_token_and_per_word(hamlet, pair):
-    """The case per word wins (docs/weights-and-gates.md, "NLL per word"; per token stays the default everywhere,
-    measured over many such questions in docs/defaults.md): on the bundled pair the bare prompt "Question: Who wrote
-    Hamlet?\\nAnswer:" answers a numbered list per token — the paper's rule lets " 1." (an unsure " 1", a sure ".") beat
-    " Shakespeare" — and " Shakespeare", then stops at the newline, per word."""
+    """Why per word is the default (docs/weights-and-gates.md, "NLL per word"; measured over many such questions in
+    docs/defaults.md): on the bundled pair the bare prompt "Question: Who wrote Hamlet?\\nAnswer:" answers a numbered
+    list per token — the paper's rule lets " 1." (an unsure " 1", a sure ".") beat " Shakespeare" — and " Shakespeare",
+    then stops at the newline, per word (the default)."""
     by_token, _ = hamlet
     first = by_token.rounds[0]
     scores = {c.text: c.fused for c in first.candidates}
     assert first.candidates[first.winner].text == " 1." and scores[" 1."] < scores[" Shakespeare"], scores
     assert not by_token.output.strip().startswith("Shakespeare") and " 2." in by_token.output
-    by_word = AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=12, normalize="word")).generate(
+    by_word = AdaFuse(pair, DecodeConfig(stop=("\n",), max_new_words=12)).generate(
         "Question: Who wrote Hamlet?\nAnswer:")
     check_trace(by_word)
     assert "Shakespeare" in by_word.output and len(by_word.output.split()) <= 3, by_word.output

@@ -4,8 +4,8 @@ import pytest
 
 from adafuse import DecodeConfig
 
-SHARED = ("tau", "max_words", "branches", "diversity", "exploration", "normalize", "speculate", "draft_lookup", "method",
-          "weights", "gate", "mode")
+SHARED = ("tau", "max_words", "branches", "diversity", "exploration", "normalize", "allow_empty", "speculate",
+          "draft_lookup", "method", "weights", "gate", "mode")
 
 
 def _shared(cfg: DecodeConfig) -> dict:
@@ -18,7 +18,7 @@ def test_every_door_starts_from_the_librarys_decode_settings(monkeypatch):
     from adafuse.harness import lm_eval_model
     from adafuse.server.cli import build_parser as serve_parser
     library = _shared(DecodeConfig())
-    assert library["normalize"] == "token"  # measured: docs/defaults.md
+    assert library["normalize"] == "word" and library["allow_empty"] is False  # measured: docs/defaults.md
     run = build_parser().parse_args(["run", "--prompt", "Q"])
     assert _shared(decode_config(run)) == library
     assert _shared(decode_config(serve_parser().parse_args([]))) == library
@@ -36,5 +36,5 @@ def test_the_apps_page_starts_from_the_librarys_decode_settings():
     page = {"tau": by_id["af-tau"].value, "max_words": by_id["af-m"].value,
             "branches": by_id["af-b"].value, "diversity": by_id["af-diversity"].value,
             "exploration": by_id["af-exploration"].value, "normalize": NORMALIZE[by_id["af-normalize"].value],
-            "speculate": by_id["af-speculate"].value}
+            "speculate": by_id["af-speculate"].value, "allow_empty": by_id["af-allow-empty"].value}
     assert page == {k: getattr(d, k) for k in page}

@@ -120,6 +120,30 @@ def test_evaluate_runs_a_line_range_and_resumes_it(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_resumed_run_refuses_rows_decoded_under_other_settings(tmp_path):
+    """Rows stored per token with the end allowed at once (the paper's rules, as results/ holds them) are not added
+    to by a run under today's defaults: a typed error names the setting; with the same base (`PAPER`) it resumes, and
+    a run naming its unit is a label of its own."""
+    from adafuse.config import PAPER
+    from adafuse.harness.evaluate import evaluate
+    from adafuse.harness.tasks import TASKS
+    from tests.toy_tasks import ToyRegistry, toy_data, toy_qa_pair
+    data = toy_data(tmp_path / "data", {}, lines=60)
+    reg = ToyRegistry(*toy_qa_pair())
+    runs = parse_methods(["adafuse"], ["a", "b"])
+    out = evaluate(TASKS["nq"], runs, tmp_path / "out", data, None, PAPER, progress=False, registry=reg, lines=(51, 51))
+    with pytest.raises(ConfigError, match=r"holds rows of 'adafuse' decoded with normalize='token'; this run would "
+                                          r"decode normalize='word'"):
+        evaluate(TASKS["nq"], runs, tmp_path / "out", data, None, progress=False, registry=reg, lines=(51, 52))
+    evaluate(TASKS["nq"], runs, tmp_path / "out", data, None, PAPER, progress=False, registry=reg, lines=(51, 52))
+    evaluate(TASKS["nq"], parse_methods(["adafuse[normalize=word]"], ["a", "b"]), tmp_path / "out", data, None,
+             progress=False, registry=reg, lines=(51, 51))
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["line"], r["method"], r["trace"]["settings"]["normalize"]) for r in rows] == [
+        (51, "adafuse", "token"), (52, "adafuse", "token"), (51, "adafuse[normalize=word]", "word")]
+
+
+@pytest.mark.unit
 def test_eval_cli_reads_a_line_range(monkeypatch, tmp_path, capsys):
     """--lines reaches evaluate; a malformed range is a message, not a stack trace; without it --limit is 20."""
     from adafuse.harness import evaluate as ev

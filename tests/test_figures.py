@@ -17,7 +17,7 @@ def write(tmp_path, gate: Gate, name="gate.json"):
 def test_the_views_show_the_gate_weights(tmp_path):
     g = Gate.zeros(["a", "b"])
     g.b = [0.0, 1.0]
-    tr = AdaFuse(toy_pair(), DecodeConfig(tau=0.7, branches=3, max_words=1, max_new_words=3,
+    tr = AdaFuse(toy_pair(), DecodeConfig(tau=0.7, branches=3, max_words=1, max_new_words=3, normalize="token",
                                       gate=write(tmp_path, g))).generate("Q")
     fig = margins_figure(tr)
     shares = [t for t in fig.data if t.name and t.name.endswith("gate weight share")]

@@ -20,7 +20,7 @@ def write(tmp_path, gate: Gate, name="gate.json"):
 def test_a_zero_gate_is_plain_adafuse_and_the_round_records_features(tmp_path):
     path = write(tmp_path, Gate.zeros(["a", "b"]))
     _, plain = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1))
-    _, gated = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1, gate=path))
+    _, gated = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1, gate=path, normalize="token"))
     assert gated.weights == {"a": 1.0, "b": 1.0}
     assert [c.fused for c in gated.candidates] == pytest.approx([c.fused for c in plain.candidates])
     assert set(gated.features) == {"a", "b"} and all(len(v) == len(FEATURES) for v in gated.features.values())
@@ -34,14 +34,14 @@ def test_a_gate_leaning_on_one_model_changes_the_winner_and_round_trips(tmp_path
     g.b = [0.0, 3.0]  # softmax(0, 3) → b weighs ~20× a
     path = write(tmp_path, g)
     _, equal = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1))
-    _, gated = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1, gate=path))
+    _, gated = first_round(DecodeConfig(tau=0.7, branches=3, max_words=1, gate=path, normalize="token"))
     wa, wb = gated.weights["a"], gated.weights["b"]
     assert wa + wb == pytest.approx(2.0) and wb / wa == pytest.approx(torch.e ** 3, rel=1e-6)
     for c in gated.candidates:
         if c.fused is not None:
             assert c.fused == pytest.approx((wa * c.nll["a"] + wb * c.nll["b"]) / (wa + wb))
     assert equal.candidates[equal.winner].text == " Paris" and gated.candidates[gated.winner].text == " London"
-    d = AdaFuse(toy_pair(), DecodeConfig(tau=0.7, branches=3, max_words=1, gate=path)).start("Q")
+    d = AdaFuse(toy_pair(), DecodeConfig(tau=0.7, branches=3, max_words=1, gate=path, normalize="token")).start("Q")
     d.step()
     back = Trace.from_dict(json.loads(d.trace.to_json())).rounds[0]
     assert back.weights == d.trace.rounds[0].weights and back.features == d.trace.rounds[0].features
@@ -92,7 +92,7 @@ def test_a_gate_trained_per_word_refuses_per_token_scores(tmp_path):
     token = write(tmp_path, Gate.zeros(names), "token.json")
     assert load_gate(word).normalize == "word" and load_gate(token).normalize == "token"
     with pytest.raises(GateError, match="averaged per word, not per token: decode with normalize='word'"):
-        AdaFuse(models, DecodeConfig(gate=word)).generate("Q")
+        AdaFuse(models, DecodeConfig(gate=word, normalize="token")).generate("Q")
     with pytest.raises(GateError, match="averaged per token, not per word"):
         AdaFuse(models, DecodeConfig(gate=token, normalize="word")).start("Q")
     d = AdaFuse(models, DecodeConfig(gate=word, normalize="word", max_new_words=2)).start("Q")
@@ -112,7 +112,7 @@ def test_entropy_of_a_top_k_distribution():
 def test_a_model_alone_ignores_the_ensemble_gate(tmp_path):
     """The app's "each model alone" runs share the ensemble's settings: a gate for the pair must not refuse them."""
     path = write(tmp_path, Gate.zeros(["a", "b"]))
-    tr = AdaFuse([toy_pair()[0]], DecodeConfig(method="greedy", max_new_words=2, gate=path)).generate("Q")
+    tr = AdaFuse([toy_pair()[0]], DecodeConfig(method="greedy", max_new_words=2, gate=path, normalize="token")).generate("Q")
     assert tr.output and all(not r.features for r in tr.rounds)
 
 
@@ -178,7 +178,7 @@ def test_the_scorer_takes_its_gate_where_the_decoder_does(tmp_path):
     g.b = [0.0, 3.0]
     path = write(tmp_path, g)
     pair = list(toy_pair())
-    assert AdaFuse(pair, DecodeConfig(gate=path)).scorer().gate is not None
+    assert AdaFuse(pair, DecodeConfig(gate=path, normalize="token")).scorer().gate is not None
     assert AdaFuse(pair, DecodeConfig(method="mixture", gate=path)).scorer().gate is None
     assert checked_gate(DecodeConfig(method="mixture", gate=path), ["a", "b"]) is None
     (paris,) = AdaFuse(pair, DecodeConfig(method="mixture", gate=path)).score("Q", [" Paris"])
@@ -187,4 +187,4 @@ def test_the_scorer_takes_its_gate_where_the_decoder_does(tmp_path):
                  "word.json")
     for use in (lambda cfg: AdaFuse(pair, cfg).scorer(), lambda cfg: AdaFuse(pair, cfg).start("Q")):
         with pytest.raises(GateError, match="averaged per word, not per token"):
-            use(DecodeConfig(gate=word))
+            use(DecodeConfig(gate=word, normalize="token"))

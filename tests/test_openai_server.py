@@ -319,10 +319,15 @@ def test_a_decode_past_the_servers_timeout_stops_before_its_next_round_and_answe
 
 
 def test_an_empty_answer_says_why_in_the_response():
+    """The end likelier than " Paris" before the first word: by default the answer gets its word; a request that lets
+    the end win there (`allow_empty`, the paper's pool) gets an empty answer, and why."""
     ens = AdaFuse(toy_pair(a={"Q": {"<eos>": 0.9}}, b={"Q": {"<eos>": 0.6, " Paris": 0.3}}), DecodeConfig())
+    paper = {"model": "adafuse", "prompt": "Q", "adafuse": {"allow_empty": True}}
     with TestClient(build_app(ens)) as http:
-        whole = http.post("/v1/completions", json={"model": "adafuse", "prompt": "Q"}).json()
-        lines = http.post("/v1/completions", json={"model": "adafuse", "prompt": "Q", "stream": True}).text
+        answered = http.post("/v1/completions", json={"model": "adafuse", "prompt": "Q"}).json()
+        whole = http.post("/v1/completions", json=paper).json()
+        lines = http.post("/v1/completions", json={**paper, "stream": True}).text
+    assert answered["choices"][0]["text"] == " Paris" and "why_empty" not in answered["adafuse"]
     assert whole["choices"][0]["text"] == "" and whole["adafuse"]["stop_reason"] == "eos"
     assert whole["adafuse"]["why_empty"].startswith("in round 0 the end of the answer scored")
     assert "no higher than every candidate with text" in whole["adafuse"]["why_empty"]

@@ -55,6 +55,27 @@ def test_a_pool_of_nothing_but_empty_text_is_the_end_of_the_answer():
     assert [(c.text, c.eos, c.proposers) for c in pool.candidates] == [("", True, [])] and pool.cut == frozenset()
 
 
+def test_before_the_answers_first_word_a_proposal_to_end_it_is_held_back_while_another_is_in_the_pool():
+    """`allow_empty` off (the default): an end token, and whitespace then a stop string — each ending an answer that
+    holds nothing — are left out of the first round's pool beside " Rome", the steps saying so; kept once the answer
+    holds a word, when nothing else was proposed, and with `allow_empty`."""
+    ending = Ending(("Question:",), ("<eos>",))
+    proposed = {0: Proposed([span(" Rome"), span(" <eos>"), span("", eos=True, words=0)], StepMode.EXPLORE, [0.1]),
+                1: Proposed([span("\n\nQuestion: x", words=2)], StepMode.COMMIT, [0.9])}
+
+    def pool(output, allow_empty=False, of=proposed):
+        return build_pool(["a", "b"], of, output, ending, lambda m, p: False, allow_empty)
+
+    held = pool("")
+    assert [(c.text, c.eos) for c in held.candidates] == [(" Rome", False)]
+    assert [(s.proposals, s.held_end) for s in held.steps] == [([0], True), ([], True)]
+    for kept in (pool(" Rome"), pool("", allow_empty=True)):
+        assert [(c.text, c.eos) for c in kept.candidates] == [(" Rome", False), ("", True), ("\n\n", True)]
+        assert not any(s.held_end for s in kept.steps)
+    alone = pool(" ", of={1: proposed[1]})  # only ends proposed: the answer ends (empty), as before
+    assert [(c.text, c.eos) for c in alone.candidates] == [("\n\n", True)] and not alone.steps[1].held_end
+
+
 def test_drafts_are_the_spans_proposed_before_then_the_leftovers_own_first():
     spec, cfg = Speculation([]), DecodeConfig()
     spec.leftover = {0: " big", 1: " nice"}

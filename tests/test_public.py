@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def page(max_new_words: int = 40) -> list:
     """The page's settings as Run and Step take them (`views._settings`): names, the sliders, then the weights."""
     return [NAMES, 0.7, 3, 3, True, "surface", 1.0, max_new_words, 80, "raw", "\\n", "", "template default", False,
-            "per token (paper)", "", 1, 1]
+            "per token (paper)", False, "", 1, 1]
 
 
 @pytest.fixture

@@ -129,11 +129,11 @@ def test_the_server_examples_print_what_they_claim(plain_server):
 @pytest.mark.models
 def test_the_servers_defaults_answer_as_the_library_and_the_app_do(plain_server, pair):
     """A first request with none of the ensemble's settings decodes as the library's defaults do (the app's page starts
-    from the same: tests/test_defaults.py): per token, a bare question about Hamlet runs into a list, and with one
-    worked example first it is answered (docs/defaults.md: why per token is the default all the same)."""
+    from the same: tests/test_defaults.py): per word, a bare question about Hamlet is answered (per token it ran into
+    a list, " 1. 2. 3. …": docs/defaults.md), and with one worked example first too."""
     from adafuse import AdaFuse, DecodeConfig
     bare = "Question: Who wrote Hamlet?\nAnswer:"
-    for prompt, first_line in ((bare, " 1. 2."), ("Question: What is the capital of Italy?\nAnswer: Rome\n\n" + bare,
+    for prompt, first_line in ((bare, "Shakespeare"), ("Question: What is the capital of Italy?\nAnswer: Rome\n\n" + bare,
                                                     "Shakespeare")):
         r = httpx.post(f"{plain_server}/v1/completions", timeout=300,
                        json={"model": "adafuse", "prompt": prompt, "max_tokens": 12})

@@ -129,13 +129,13 @@ def test_a_learned_gate_weighs_the_models_log_likelihoods(tmp_path):
     g = Gate.zeros(["a", "b"])
     g.b = [0.0, 3.0]
     g.save(tmp_path / "gate.json")
-    (paris,) = AdaFuse([A, B], DecodeConfig(gate=str(tmp_path / "gate.json"))).score("Q:", [" Paris"])
+    (paris,) = AdaFuse([A, B], DecodeConfig(gate=str(tmp_path / "gate.json"), normalize="token")).score("Q:", [" Paris"])
     wa, wb = paris.weights["a"], paris.weights["b"]
     assert wb / wa == pytest.approx(math.e ** 3, rel=1e-6)
     assert paris.fused == pytest.approx((wa * L(0.6) + wb * (L(0.5) + L(0.8))) / (wa + wb))
     g.W[1][3] = 5.0  # b's weight rises with its own NLL: read per answer, an answer b dislikes would win b over
     g.save(tmp_path / "gate.json")
-    both = AdaFuse([A, B], DecodeConfig(gate=str(tmp_path / "gate.json"))).score("Q:", [" Paris", " London"])
+    both = AdaFuse([A, B], DecodeConfig(gate=str(tmp_path / "gate.json"), normalize="token")).score("Q:", [" Paris", " London"])
     assert both[0].weights == both[1].weights  # one set of weights for every answer of a context
 
 

@@ -106,7 +106,7 @@ def test_per_word_normalization_keeps_the_likelier_word_over_a_long_one_with_a_c
     rules = {"Q": {" Nach": 0.4, " Bot": 0.35, " big": 0.1}, " Bot": {"sch": 0.99}, "sch": {"after": 0.99},
              "after": {"<eos>": 0.99}, " Nach": {"<eos>": 0.99}, " big": {"<eos>": 0.99}}
     models = toy_model("a", vocab, rules), toy_model("b", vocab, rules)
-    per_token = AdaFuse(models, DecodeConfig(branches=2, max_new_words=1)).start("Q").propose()
+    per_token = AdaFuse(models, DecodeConfig(branches=2, max_new_words=1, normalize="token")).start("Q").propose()
     per_word = AdaFuse(models, DecodeConfig(branches=2, max_new_words=1, normalize="word")).start("Q").propose()
     texts = [c.text for c in per_token.candidates]
     assert [c.text for c in per_word.candidates] == texts  # the pool is the same both ways

@@ -105,6 +105,43 @@ def set_aside_cut_line(path: Path, warn=print) -> Path | None:
     return side
 
 
+# the settings that decide what a decode writes (speculation and prompt lookup only save forwards)
+DECIDING = tuple(f for f in DecodeConfig.__dataclass_fields__ if f not in ("speculate", "draft_lookup"))
+
+
+def run_config(task: Task, base: dict | None, run: MethodRun) -> DecodeConfig:
+    """The settings one run decodes a task's examples with: the task's stop strings and caps, `base`, the run's own."""
+    settings = {"stop": task.stop, "max_new_words": task.max_new_words,
+                "max_new_tokens": task.max_new_tokens, **(base or {}), **run.settings}
+    if len(run.models) == 1:  # a model alone: the ensemble's per-model weights do not apply
+        settings.pop("weights", None)
+        settings.pop("gate", None)
+    return DecodeConfig(**settings)
+
+
+def check_resumed(out: Path, task: Task, base: dict | None, runs: list[MethodRun]) -> None:
+    """A resumed run adds to a label's rows only with the settings they were decoded with (ConfigError naming the
+    first that differs): rows stored before a default changed (per token, the end allowed at once) are not mixed
+    with rows decoded under the new one."""
+    if not out.exists():
+        return
+    want = {run.label: run_config(task, base, run) for run in runs}
+    seen: set[str] = set()
+    for row in read_rows(out):
+        label = row.get("method")
+        if label not in want or label in seen or "settings" not in row.get("trace", {}):
+            continue
+        seen.add(label)
+        recorded = row["trace"]["settings"]
+        stored = DecodeConfig.from_dict(recorded)
+        for f in DECIDING:  # a setting the rows do not record is one that did not exist yet (allow_empty: on then)
+            if (f in recorded or f == "allow_empty") and getattr(stored, f) != getattr(want[label], f):
+                raise ConfigError(
+                    f"{out} holds rows of {label!r} decoded with {f}={getattr(stored, f)!r}; this run would decode "
+                    f"{f}={getattr(want[label], f)!r}: write to another --out, or give the run that setting "
+                    f"(e.g. --methods '{label.split('[')[0]}[{f}={getattr(stored, f)}]' as a new label)")
+
+
 def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path | None = None, limit: int | None = None,
              base: dict | None = None, on_bad_line: str = "skip", progress: bool = True, warn=None,
              trust_remote_code: bool = False, registry: ModelRegistry | None = None,
@@ -123,6 +160,7 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path | 
     out = out_dir / f"{task.name}.jsonl"
     set_aside_cut_line(out, warn)
     done = done_keys(out)
+    check_resumed(out, task, base, runs)
     todo = [(no, ex, run) for no, ex in examples for run in runs if (no, run.label) not in done]
     if not todo:  # every run is already in the file: a resume that has nothing to decode loads no model
         out.touch()
@@ -134,12 +172,7 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path | 
         from tqdm import tqdm
         bar = tqdm(total=len(todo), desc=task.name, unit="run", file=sys.stderr)
     def job(no, ex, run):
-        settings = {"stop": task.stop, "max_new_words": task.max_new_words,
-                    "max_new_tokens": task.max_new_tokens, **(base or {}), **run.settings}
-        if len(run.models) == 1:  # a model alone: the ensemble's per-model weights do not apply
-            settings.pop("weights", None)
-            settings.pop("gate", None)
-        cfg = DecodeConfig(**settings)
+        cfg = run_config(task, base, run)
         t0 = time.perf_counter()
         trace = AdaFuse([models[n] for n in run.models], cfg).generate(task.prompt(head, ex["question"]))
         pred = task.extract(trace.output)

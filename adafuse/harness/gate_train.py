@@ -123,8 +123,8 @@ def mean_reward(per: dict[str, list[float]]) -> float:
 
 
 def search(models: list, tasks: list[str], grid: list[tuple[float, ...]], data: Path, offset: int,
-           per_task: int, log=print, normalize: str = "token", val_lines: tuple[int, int] = VALIDATION_LINES,
-           val_per_task: int = 0) -> dict:
+           per_task: int, log=print, normalize: str = DecodeConfig.normalize,
+           val_lines: tuple[int, int] = VALIDATION_LINES, val_per_task: int = 0) -> dict:
     """Mean reward of each static weighting on the training examples, the best of them chosen there; with
     `val_per_task`, each weighting's mean reward on that many validation examples per task beside it (reported,
     never used to choose)."""
@@ -152,7 +152,7 @@ def search(models: list, tasks: list[str], grid: list[tuple[float, ...]], data: 
 
 
 def _gated_scores(r, names: list[str], W: torch.Tensor, b: torch.Tensor,
-                  normalize: str = "token") -> tuple[torch.Tensor, list[int]] | None:
+                  normalize: str = DecodeConfig.normalize) -> tuple[torch.Tensor, list[int]] | None:
     """The round's candidates' gated scores with their gradient (candidates ranked last excluded), or None when the
     round offers no choice."""
     if not r.features or len(r.candidates) < 2:
@@ -173,7 +173,7 @@ def _gated_scores(r, names: list[str], W: torch.Tensor, b: torch.Tensor,
 def train(models: list, tasks: list[str], out: Path, data: Path | None = None, steps: int = 300,
           offset: int = TRAIN_OFFSET, per_task: int = 200, seed: int = 0, lr: float = 0.05,
           temperature: float = 0.5, save_every: int = 10, progress: bool = True, log=print,
-          init: tuple[float, ...] = (), baseline: str = "self-critical", normalize: str = "token",
+          init: tuple[float, ...] = (), baseline: str = "self-critical", normalize: str = DecodeConfig.normalize,
           validate_every: int = 0, val_lines: tuple[int, int] = VALIDATION_LINES, val_per_task: int = 20) -> Gate:
     """REINFORCE the gate for `steps` steps and write it to `out`. With `validate_every`, the gate is decoded greedily
     on `val_per_task` validation examples per task at step 0 and every `validate_every` steps (and the last), and the
@@ -372,8 +372,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--data", type=Path, default=None, help="default: tasks.data_dir()")
         s.add_argument("--offset", type=int, default=TRAIN_OFFSET, help="first data line used (reports use 1..50)")
         s.add_argument("--examples", type=int, default=200, help="training examples per task")
-        s.add_argument("--normalize", choices=("token", "word"), default="token",
-                       help="average each candidate's NLL over its tokens (the paper) or its words")
+        s.add_argument("--normalize", choices=("token", "word"), default=DecodeConfig.normalize,
+                       help="average each candidate's NLL over its words (the default, as in decoding) or its tokens "
+                            "(the paper)")
         s.add_argument("--val-lines", type=_lines_arg, default=VALIDATION_LINES, metavar="FIRST-LAST",
                        help="the validation lines of each data file (default 51-100: used by neither the report nor "
                             "training)")

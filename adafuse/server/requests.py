@@ -16,7 +16,7 @@ from .responses import ApiError
 # Settings a request may change through its `adafuse` object (and any method's own, e.g. span_words: `overrides()`);
 # the rest are fixed when the server starts.
 OVERRIDES = ("tau", "max_words", "branches", "diversity", "weights", "gate", "method", "speculate", "draft_lookup",
-             "normalize", "max_new_words")
+             "normalize", "allow_empty", "max_new_words")
 MAX_STOPS = 4  # as OpenAI's API
 # settings a request sets through OpenAI's own fields: an error about one names the field
 REQUEST_FIELDS = {"stop": "stop", "max_new_tokens": "max_tokens"}
