@@ -117,10 +117,11 @@ def add_decode_args(p: argparse.ArgumentParser, **helps: str) -> None:
     p.add_argument("--weights", type=float, nargs="+", default=[], metavar="W",
                    help="one weight per model, in --models order: fused score = Σ w·NLL / Σ w (default: equal)")
     p.add_argument("--gate", default="", metavar="PATH",
-                   help="a learned gate file (per-round weights; assets/gates/ has ones for the bundled pair)")
+                   help="a learned gate file (per-round weights; assets/gates/ has ones for the bundled pair: qa.json and "
+                        "mt-token.json were trained per token, so decode them with --normalize token)")
     p.add_argument("--normalize", choices=NORMALIZATIONS, default=d.normalize,
                    help="average each candidate's NLL over its tokens (the paper), its words or its UTF-8 bytes")
-    p.add_argument("--allow-empty", action="store_true",
+    p.add_argument("--allow-empty", action=argparse.BooleanOptionalAction, default=d.allow_empty,
                    help="let the end of the answer win before its first word, as the paper's pool does (default: the "
                         "end is held back while another candidate is in the pool)")
     p.add_argument("--speculate", action=argparse.BooleanOptionalAction, default=d.speculate,

@@ -13,6 +13,8 @@ NORMALIZATIONS = ("token", "word", "byte")
 # the paper's unit and pool, as every stored research run (results/) was decoded before per word and the held-back
 # end became the defaults: what a reproduction or a resumed stored run names
 PAPER = {"normalize": "token", "allow_empty": True}
+# what a trace's settings meant where they do not name a setting (it did not exist yet): the behaviour of that time
+LEGACY = {"speculate": False, **PAPER}
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,11 @@ class DecodeConfig:
     # unit a rule declared before the run chose, on the tasks and on newcomers' questions (docs/defaults.md)
     normalize: str = "word"
     # whether the end of the answer (an end token or a stop string) may win a round before the answer holds a word.
-    # Off: while the answer is empty, a proposal to end it is left out of the pool whenever another candidate is in it
-    # (its model's step says so: `ModelStep.held_end`), as `min_new_tokens` keeps a model's end token back. Per word, a
-    # question's end ("\n" after "Answer:") is one word as likely as the answer's first, and won at once on 6 of 30
-    # newcomers' questions (bench/newcomers.py); the paper lets it (True)
+    # Off: while the answer is empty, a proposal to end it is left out of the pool whenever a candidate with text is in
+    # it (its model's step says so: `ModelStep.held_end`), as `min_new_tokens` keeps a model's end token back. Per
+    # word, a question's end ("\n" after "Answer:") is one word as likely as the answer's first, and won at once on 6 of
+    # 30 newcomers' questions (bench/newcomers.py); the paper lets it (True). The methods that pool proposals follow
+    # it; token union, which builds its own round from next-token probabilities, does not
     allow_empty: bool = False
 
     def __post_init__(self) -> None:
@@ -183,10 +186,9 @@ class DecodeConfig:
     def from_dict(cls, d: dict) -> "DecodeConfig":
         """The settings a trace recorded (`to_dict`). A setting it does not name did not exist when it was decoded
         and takes its default, which was that decode's behaviour — except `speculate`, off until it became the
-        default, and `allow_empty`, on before it was a setting: an older trace replays, branches and explains as it was
-        decoded, costs included."""
-        known = {"speculate": False, "allow_empty": True} | {k: v for k, v in d.items()
-                                                             if k in cls.__dataclass_fields__}
+        default, `normalize` per token and `allow_empty` on before each was a setting (`LEGACY`): an older trace
+        replays, branches and explains as it was decoded, costs included."""
+        known = LEGACY | {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         for key in ("stop", "weights"):
             if key in known:
                 known[key] = tuple(known[key])

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 # settings that only steer the rounds still to come (`Decoding.reconfigure`)
 LIVE_SETTINGS = ("tau", "max_words", "branches", "diversity", "exploration", "explore_lambda", "max_new_words",
                  "max_new_tokens", "weights", "gate", "speculate", "draft_lookup",
-                 "normalize")
+                 "normalize", "allow_empty")
 
 
 class LiveSettings:

@@ -26,8 +26,8 @@ def build_pool(names: Sequence[str], proposed: Mapping[int, Proposed], output: s
     each proposal is cut at the end of the answer (`ending`), proposals with the same (text, end) are one candidate
     whoever proposed them, in the order the models and their proposals come. `on_stop_token(m, p)`: whether model m's
     proposal p ended on a token that starts a stop string. Not `allow_empty`: while `output` holds no word, a proposal
-    that ends the answer with nothing before it is left out when any other is in (its step's `held_end`). Its inputs
-    are not changed; nothing is scored."""
+    that ends the answer with nothing before it is left out when a proposal with text is in (its step's `held_end`).
+    Its inputs are not changed; nothing is scored."""
     heads = {(m, k): ending.head(output, p.text, p.eos) for m, mine in proposed.items()
              for k, p in enumerate(mine.proposals)}
     hold = not allow_empty and not output.strip() and any(h.strip() for h, _, _ in heads.values())

@@ -222,7 +222,7 @@ def on_upload(ex, file):
         return (ex, *_error(ex, exc))
 
 
-def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v, norm,
+def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v, norm, empty,
             progress=gr.Progress(track_tqdm=True)):
     from adafuse.harness.evaluate import summarize
     ex = session(ex, allow)
@@ -231,7 +231,7 @@ def on_eval(ex, task_name, n, methods, names, dev, allow, tau_v, m_v, b_v, norm,
         public.admit(decodes=EXAMPLES.snap(n))  # each example counts against the visitor's decodes a minute
         ex = leases.evaluate(ex, task_name, EXAMPLES.snap(n), methods, names,
                              {"tau": TAU.snap(tau_v), "max_words": MAX_WORDS.snap(m_v), "branches": BRANCHES.snap(b_v),
-                              "normalize": NORMALIZE.get(norm, norm)}, dev)
+                              "normalize": NORMALIZE.get(norm, norm), "allow_empty": bool(empty)}, dev)
         rows = ex.eval_rows
         table = analysis.example_table(rows)
         labels = sorted({r["method"] for r in rows})

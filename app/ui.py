@@ -87,7 +87,7 @@ def wire_page(ui: SimpleNamespace) -> None:
         loaded_views, None, refresh, show_progress="hidden", **hidden)
     ui.unload_btn.click(on_unload, [ui.unload_pick], [ui.load_status, *refresh], **hidden)
     ui.eval_btn.click(on_eval, [ui.state, ui.eval_task, ui.eval_n, ui.eval_methods, ui.models, ui.device, ui.trust,
-                                ui.tau, ui.max_words, ui.branches, ui.normalize],
+                                ui.tau, ui.max_words, ui.branches, ui.normalize, ui.allow_empty],
                       [ui.state, ui.eval_status, ui.eval_summary, ui.eval_filter, ui.eval_table, ui.eval_csv,
                        ui.open_method, ui.open_line, ui.div_member, ui.div_plot],
                       concurrency_limit=1, concurrency_id="eval", **hidden).then(loaded_views, None, refresh,

@@ -34,9 +34,9 @@ FOUR = ("QA · tallest mountain", "Reading · lighthouse", "Translate · German 
 
 def app_config(example: dict) -> DecodeConfig:
     """What the page decodes an example with: its mode, stop and word cap, and the page's defaults where they differ
-    from the library's (NLL per word, Max new tokens 1024: app/layout.py)."""
+    from the library's (Max new tokens 1024: app/layout.py)."""
     return DecodeConfig(max_new_words=example["max_words"], max_new_tokens=1024, stop=parse_stops(example["stop"]),
-                        mode=example["mode"], normalize="word")
+                        mode=example["mode"])
 
 
 def forget_prompts(models) -> None:

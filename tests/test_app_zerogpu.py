@@ -237,7 +237,7 @@ def test_answers_are_scored_inside_a_lease(app):
 
 def test_evaluate_runs_its_batch_inside_a_lease(app):
     out = app.handlers.on_eval(None, "nq", 2, ["adafuse", "greedy"], NAMES, "default", False, 0.7, 3, 3,
-                               "per token (paper)")
+                               "per token (paper)", False)
     assert out[1].startswith("✓ 2 examples"), out[1]
     leased_only(app)
 

@@ -136,6 +136,9 @@ def test_a_resumed_run_refuses_rows_decoded_under_other_settings(tmp_path):
                                           r"decode normalize='word'"):
         evaluate(TASKS["nq"], runs, tmp_path / "out", data, None, progress=False, registry=reg, lines=(51, 52))
     evaluate(TASKS["nq"], runs, tmp_path / "out", data, None, PAPER, progress=False, registry=reg, lines=(51, 52))
+    reg.asked.clear()  # nothing left to decode: today's defaults refuse nothing, load nothing
+    evaluate(TASKS["nq"], runs, tmp_path / "out", data, None, progress=False, registry=reg, lines=(51, 52))
+    assert reg.asked == []
     evaluate(TASKS["nq"], parse_methods(["adafuse[normalize=word]"], ["a", "b"]), tmp_path / "out", data, None,
              progress=False, registry=reg, lines=(51, 51))
     rows = [json.loads(x) for x in out.read_text().splitlines()]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from adafuse import AdaFuse, DecodeConfig
+from adafuse.config import PAPER
 from adafuse.candidates import greedy_span
 from adafuse.errors import ConfigError
 from adafuse.method_registry import METHODS, MethodSettings, from_spec, method_specs, register, setting, to_spec
@@ -61,7 +62,7 @@ def test_old_traces_settings_load_with_the_methods_own_folded_into_the_spec():
     """Before methods owned their settings, every trace kept span_words, union_top_k, seed and temperature (at their
     defaults when unused) beside the method's bare name."""
     old = {"method": "fixed-span", "span_words": 2, "union_top_k": 5, "seed": 0, "temperature": 1.0, "tau": 0.5}
-    assert DecodeConfig.from_dict(old) == DecodeConfig(method="fixed-span-2", tau=0.5, speculate=False, allow_empty=True)
+    assert DecodeConfig.from_dict(old) == DecodeConfig(method="fixed-span-2", tau=0.5, speculate=False, **PAPER)
     assert DecodeConfig.from_dict({**old, "method": "mixture", "seed": 3}).method == "mixture[seed=3]"
     assert DecodeConfig.from_dict({**old, "method": "adafuse"}).method == "adafuse"
     assert DecodeConfig.from_dict({"tau": 0.5}).method == "adafuse"  # older still: no method recorded

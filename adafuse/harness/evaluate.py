@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import DecodeConfig
+from ..config import LEGACY, DecodeConfig
 from ..ensemble import AdaFuse
 from ..method_registry import canonical, from_spec, own_settings, parse_spec, value
 from ..errors import ConfigError
@@ -105,8 +105,10 @@ def set_aside_cut_line(path: Path, warn=print) -> Path | None:
     return side
 
 
-# the settings that decide what a decode writes (speculation and prompt lookup only save forwards)
-DECIDING = tuple(f for f in DecodeConfig.__dataclass_fields__ if f not in ("speculate", "draft_lookup"))
+# the settings that decide what a decode writes (speculation and prompt lookup only save forwards; the stop strings are
+# the task's, and a template-less chat member adds its turn ends to those a trace records)
+DECIDING = tuple(f for f in DecodeConfig.__dataclass_fields__ if f not in ("speculate", "draft_lookup", "stop"))
+POOL_ONLY = ("normalize", "allow_empty")  # how a pool is scored and held: nothing to a method that scores none
 
 
 def run_config(task: Task, base: dict | None, run: MethodRun) -> DecodeConfig:
@@ -122,24 +124,28 @@ def run_config(task: Task, base: dict | None, run: MethodRun) -> DecodeConfig:
 def check_resumed(out: Path, task: Task, base: dict | None, runs: list[MethodRun]) -> None:
     """A resumed run adds to a label's rows only with the settings they were decoded with (ConfigError naming the
     first that differs): rows stored before a default changed (per token, the end allowed at once) are not mixed
-    with rows decoded under the new one."""
-    if not out.exists():
-        return
+    with rows decoded under the new one. `runs`: those with lines left to decode."""
     want = {run.label: run_config(task, base, run) for run in runs}
+    if not want or not out.exists():
+        return
     seen: set[str] = set()
     for row in read_rows(out):
         label = row.get("method")
         if label not in want or label in seen or "settings" not in row.get("trace", {}):
             continue
         seen.add(label)
-        recorded = row["trace"]["settings"]
+        recorded, cfg = row["trace"]["settings"], want[label]
         stored = DecodeConfig.from_dict(recorded)
-        for f in DECIDING:  # a setting the rows do not record is one that did not exist yet (allow_empty: on then)
-            if (f in recorded or f == "allow_empty") and getattr(stored, f) != getattr(want[label], f):
+        for f in DECIDING:  # a setting the rows do not record did not exist yet: it meant its LEGACY value
+            if f in POOL_ONLY and (not cfg.method_class.scores or cfg.method_class.models == (1, 1)):
+                continue
+            if (f in recorded or f in LEGACY) and getattr(stored, f) != getattr(cfg, f):
                 raise ConfigError(
                     f"{out} holds rows of {label!r} decoded with {f}={getattr(stored, f)!r}; this run would decode "
-                    f"{f}={getattr(want[label], f)!r}: write to another --out, or give the run that setting "
-                    f"(e.g. --methods '{label.split('[')[0]}[{f}={getattr(stored, f)}]' as a new label)")
+                    f"{f}={getattr(cfg, f)!r}: write to another --out, or decode as they were (for rows stored before "
+                    "per word and the held-back end: --normalize token --allow-empty)")
+        if seen == set(want):
+            return
 
 
 def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path | None = None, limit: int | None = None,
@@ -160,8 +166,8 @@ def evaluate(task: Task, runs: list[MethodRun], out_dir: Path, data_dir: Path | 
     out = out_dir / f"{task.name}.jsonl"
     set_aside_cut_line(out, warn)
     done = done_keys(out)
-    check_resumed(out, task, base, runs)
     todo = [(no, ex, run) for no, ex in examples for run in runs if (no, run.label) not in done]
+    check_resumed(out, task, base, list({id(run): run for _, _, run in todo}.values()))
     if not todo:  # every run is already in the file: a resume that has nothing to decode loads no model
         out.touch()
         return out

@@ -50,7 +50,7 @@ def _settings(args: dict) -> dict:
     """model_args (values already typed by lm-eval) as DecodeConfig fields; weights as "1/4" like `adafuse eval`."""
     where = (f"--model_args of --model {NAME} (models=A{SEPARATOR}B, concurrency, device, max_length, is_greedy, "
              "trust_remote_code or a decoding setting: tau, max_words, branches, weights=1/4, gate, method, normalize, "
-             "speculate, ...)")
+             "allow_empty, speculate, ...)")
     if "stop" in args:
         raise ConfigError(f"stop in --model_args of --model {NAME}: the stop strings come from the task (its until)")
     return {key: setting_value(key, value, where) for key, value in args.items()}
