@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from .config import DecodeConfig
+from .config import LEGACY, DecodeConfig
 from .decoder import unique_names
 from .errors import ConfigError
 from .models import LoadedModel, get_model
@@ -161,4 +161,7 @@ def why_empty(trace: Trace, weights: str = "weights") -> str:
         out += ". The learned gate set this round's weights"
     elif prefers_text and from_spec(legacy(trace.settings))[0].weighted:
         out += f". Weigh {keen} more ({weights}), or the others less, to hear its answer"
+    if trace.settings.get("allow_empty", LEGACY["allow_empty"]) and texts:
+        out += (". The end could win before the first word (allow_empty, the paper's pool): without it, it is held "
+                "back while a candidate with text is in the round")
     return out

@@ -312,6 +312,8 @@ class Trace:
         if not _selection_ok(st.selection):
             _bad(f"{where}.selection", "must be an object whose tokens each have p, penalty, score numbers and a "
                  "picked flag")
+        if not isinstance(st.held_end, bool):
+            _bad(f"{where}.held_end", "must be true or false")
 
     def _check_candidate(self, where: str, c: Candidate) -> None:
         """One candidate's text, flags, proposers, fused score, word count and its per-model objects."""

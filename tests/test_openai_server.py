@@ -331,6 +331,7 @@ def test_an_empty_answer_says_why_in_the_response():
     assert whole["choices"][0]["text"] == "" and whole["adafuse"]["stop_reason"] == "eos"
     assert whole["adafuse"]["why_empty"].startswith("in round 0 the end of the answer scored")
     assert "no higher than every candidate with text" in whole["adafuse"]["why_empty"]
+    assert "could win before the first word (allow_empty" in whole["adafuse"]["why_empty"]
     last = json.loads(lines.split("data: ")[-2])  # the stream's last chunk says it too
     assert last["adafuse"] == whole["adafuse"] and last["choices"][0]["finish_reason"] == "stop"
 

@@ -34,6 +34,7 @@ def test_trace_round_trip(tmp_path):
     (("rounds", 0, "chosen"), 99, "rounds[0].chosen"),
     (("rounds", 0, "steps", 0, "margins"), "high", "rounds[0].steps[0].margins"),
     (("rounds", 0, "steps", 0, "proposals"), [3], "rounds[0].steps[0].proposals"),
+    (("rounds", 0, "steps", 0, "held_end"), "yes", "rounds[0].steps[0].held_end"),
     (("rounds", 0, "candidates", 0, "nll"), {"a": "x"}, "rounds[0].candidates[0].nll"),
     (("rounds", 0, "steps"), [], "rounds[0].steps"),
     (("models",), "a", "models"),
