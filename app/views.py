@@ -11,6 +11,7 @@ from pathlib import Path
 import gradio as gr
 
 from adafuse import DecodeConfig
+from adafuse.config import LEGACY
 from adafuse.errors import AdafuseError, ConfigError
 from adafuse.gate import load_gate
 from adafuse.methods import MAX_MODELS
@@ -224,8 +225,9 @@ def restored(st: dict, n_models: int) -> list:
             st.get("exploration", "surface"), LAMBDA.snap(st.get("explore_lambda", 1.0)),
             MAX_NEW_WORDS.snap(st.get("max_new_words", 40)), MAX_NEW_TOKENS.snap(st.get("max_new_tokens", 1024)),
             bool(st.get("speculate", False)),
-            next((k for k, v in NORMALIZE.items() if v == st.get("normalize", "token")), next(iter(NORMALIZE))),
-            bool(st.get("allow_empty", True)),  # a trace from before the setting: the end could win at once
+            next((k for k, v in NORMALIZE.items() if v == st.get("normalize", LEGACY["normalize"])),
+                 next(iter(NORMALIZE))),
+            bool(st.get("allow_empty", LEGACY["allow_empty"])),  # a trace from before the settings: as decoded then
             st.get("gate", "") if st.get("gate", "") in gates else "", st.get("system", ""),
             *[WEIGHT.snap(weights[i]) if i < len(weights) else 1.0 for i in range(MAX_MODELS)]]
 
