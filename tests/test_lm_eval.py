@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -25,7 +24,6 @@ from adafuse.harness.tasks import SAMPLE_DATA, TASKS
 from tests.serving import SERVE_KEY
 from tests.toy_tasks import ToyRegistry, toy_data, toy_pair_for, toy_qa_pair
 
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 MODEL_ARGS = f"models={'+'.join(DEFAULT_PAIR)},tau=0.7,max_words=3,branches=3"
 LINES = 2  # TriviaQA lines both harnesses decode, through the command line (the server path too)
 
@@ -37,15 +35,29 @@ def _samples(out_dir, task: str) -> list[dict]:
     return sorted((json.loads(line) for line in paths[0].read_text().splitlines()), key=lambda r: r["doc_id"])
 
 
-def _lm_eval(args: list[str], tmp_path, module: list[str], tasks=("triviaqa",), env: dict | None = None
+def _lm_eval(args: list[str], tmp_path, command: list[str], tasks=("triviaqa",), env: dict | None = None
              ) -> list[dict] | dict[str, list]:
-    """Run an lm-eval command line on shipped YAMLs (the sample data) and return its samples (by task when several)."""
-    cmd = [sys.executable, *module, "run", *args, "--include_path", str(TASKS_DIR),
-           "--tasks", ",".join(task_name(t) for t in tasks), "--metadata", json.dumps({"data": str(SAMPLE_DATA)}),
-           "--log_samples", "--output_path", str(tmp_path / "out")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **OFFLINE, **(env or {})})
-    assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    """Run an lm-eval command line on shipped YAMLs (the sample data) and return its samples (by task when several).
+    `command` is ["adafuse", "lm-eval"] (`python -m adafuse lm-eval`) or ["lm_eval"] (`python -m lm_eval`): its entry
+    point runs in this process, so the bundled pair is the one the session loaded (the `pair` fixture), not loaded
+    again by a new process (tests/test_cli.py starts `python -m adafuse` as a process of its own)."""
+    from lm_eval.__main__ import cli_evaluate
+    from adafuse.cli import main
+    argv = ["run", *args, "--include_path", str(TASKS_DIR), "--tasks", ",".join(task_name(t) for t in tasks),
+            "--metadata", json.dumps({"data": str(SAMPLE_DATA)}), "--log_samples", "--output_path", str(tmp_path / "out")]
+    saved_argv, saved_env = sys.argv, dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        if command == ["adafuse", "lm-eval"]:
+            code = main(["lm-eval", *argv])
+        else:
+            sys.argv = ["lm-eval", *argv]
+            code = cli_evaluate() or 0
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+    assert code == 0, f"{' '.join(command + argv)} exited {code}"
     if len(tasks) == 1:
         return _samples(tmp_path / "out", task_name(tasks[0]))
     return {t: _samples(tmp_path / "out", task_name(t)) for t in tasks}
@@ -105,6 +117,14 @@ def test_flores_is_scored_on_the_corpus_as_adafuse_eval_does():
     pairs = [("The cat sat on the mat.", "The cat sat on the mat."), ("A dog runs.", "The dog is running.")]
     want = corpus_scores([p for p, _ in pairs], [r for _, r in pairs])
     assert corpus_bleu(pairs) == want["bleu"] and corpus_chrf(pairs) == want["chrf"]
+
+
+def test_lm_evals_own_models_stay_registered_beside_adafuse():
+    """lm-eval imports its own models only while its registry is empty: registering `adafuse` first must not hide
+    `hf` or `local-completions` from a Python session that imported adafuse's lm-eval model before using lm-eval."""
+    from lm_eval.api.registry import get_model
+    assert get_model("adafuse") is AdaFuseLM
+    assert get_model("hf").__name__ == "HFLM" and get_model("local-completions")
 
 
 def test_model_args_are_read_as_lm_eval_passes_them(monkeypatch):
@@ -190,7 +210,7 @@ def eval_rows(pair, tmp_path_factory):
 @pytest.mark.models
 def test_lm_eval_model_adafuse_gives_adafuse_evals_outputs_and_exact_match(eval_rows, tmp_path):
     samples = _lm_eval(["--model", "adafuse", "--model_args", MODEL_ARGS, "--limit", str(LINES)], tmp_path,
-                       ["-m", "adafuse", "lm-eval"])
+                       ["adafuse", "lm-eval"])
     assert len(samples) == LINES
     _same_as_eval(samples, eval_rows)
 
@@ -203,7 +223,7 @@ def test_lm_evals_local_completions_on_adafuse_serve_gives_adafuse_evals_outputs
     args = f"base_url={adafuse_server[0]}/v1/completions,model=adafuse,tokenizer_backend=None,num_concurrent=2," \
            "max_retries=1"
     samples = _lm_eval(["--model", "local-completions", "--model_args", args, "--limit", "2"], tmp_path,
-                       ["-m", "lm_eval"], env={"OPENAI_API_KEY": SERVE_KEY})
+                       ["lm_eval"], env={"OPENAI_API_KEY": SERVE_KEY})
     assert len(samples) == 2
     _same_as_eval(samples, eval_rows)
 

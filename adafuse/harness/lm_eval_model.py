@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import lm_eval.models  # noqa: F401 (lm-eval's own models: its registry imports them only while it is empty)
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
