@@ -11,6 +11,7 @@ what it prints:
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import json
 import re
@@ -175,10 +176,27 @@ def run_bash(ex: Example, replace: dict[str, str] | None = None, timeout: float 
         for a, b in (replace or {}).items():
             command = command.replace(a, b)
         argv = shlex.split(command, comments=True)
-        if argv[0] == "python":
-            argv[0] = sys.executable
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        assert done.returncode == 0, f"{ex}: `{command}` exited {done.returncode}:\n{done.stderr[-2000:]}"
-        check_bash_claims(ex, command, done.stdout, claims)
-        outs.append(done.stdout)
+        if argv[:3] == ["python", "-m", "adafuse"]:
+            code, stdout, stderr = _adafuse(argv[3:])
+        else:
+            done = subprocess.run([sys.executable if argv[0] == "python" else argv[0], *argv[1:]], capture_output=True,
+                                  text=True, timeout=timeout)
+            code, stdout, stderr = done.returncode, done.stdout, done.stderr
+        assert code == 0, f"{ex}: `{command}` exited {code}:\n{stderr[-2000:]}"
+        check_bash_claims(ex, command, stdout, claims)
+        outs.append(stdout)
     return outs
+
+
+def _adafuse(args: list[str]) -> tuple[int, str, str]:
+    """`python -m adafuse ARGS` as its entry point runs it (`adafuse.cli.main`), in this process: the models it names
+    come from this process's registry, loaded once for the whole run (tests/test_cli.py starts the entry point as a
+    process of its own). Returns (exit status, stdout, stderr)."""
+    from adafuse.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(args)
+        except SystemExit as exc:  # --help, argparse's errors
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    return code or 0, out.getvalue(), err.getvalue()
