@@ -18,7 +18,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 TIERS = ("unit", "models", "browser", "served")
-REAL_MODEL_FIXTURES = {"pair"}  # fixtures that hold a real model; fixtures built on them count through the closure
+# fixtures that hold a real model (loaded through from_pretrained); fixtures built on them count through the closure
+REAL_MODEL_FIXTURES = {"pair", "tiny_bundled"}
 
 
 def tier(item: pytest.Item) -> str:
@@ -94,6 +95,16 @@ def pair():
     logging.disable_progress_bar()
     from adafuse import DEFAULT_PAIR, get_model
     return [get_model(n) for n in DEFAULT_PAIR]
+
+
+@pytest.fixture(scope="session")
+def tiny_bundled(tmp_path_factory):
+    """The bundled pair's architectures, tokenizers and settings with tiny random weights, saved as folders and loaded
+    by path as a user's models are (tests/families.py `tiny_bundled_folders`): for tests of how decodes run (side by
+    side, ...), at a few milliseconds a forward."""
+    from adafuse import get_model
+    from tests.families import tiny_bundled_folders
+    return [get_model(str(f)) for f in tiny_bundled_folders(tmp_path_factory.mktemp("tiny-bundled"))]
 
 
 @pytest.fixture(scope="session")

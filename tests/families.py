@@ -54,3 +54,41 @@ def tiny(family: str, attention: str = "sdpa", seed: int = 0, device: str = "cpu
             elif "sinks" in name:
                 p.normal_(0.0, 1.0)
     return model.to(device)
+
+
+# the bundled pair's shapes cut down to a few milliseconds a forward (heads of 16, Gemma 3's window 16 tokens)
+BUNDLED_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16)
+
+
+def tiny_bundled_folders(root) -> list:
+    """Folders of tiny random-weight models in the bundled pair's architectures (SmolLM2's Llama, Gemma 3 with a
+    sliding window of 16 tokens and a sliding then a full layer), each with its bundled model's own tokenizer, chat
+    template, generation settings and adafuse.json: what loading the real pair runs (from_pretrained, the CPU kernels,
+    two tokenizers, BOS, end tokens, chat templates), at a few milliseconds a forward. For tests of how decodes run,
+    not of what the models say. Built in `root` (seeded: the same weights each time)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    import transformers
+
+    from adafuse import DEFAULT_PAIR
+    from adafuse.models.local import bundled_folder
+    out = []
+    for seed, name in enumerate(DEFAULT_PAIR):
+        src, dst = bundled_folder(name), Path(root) / f"tiny-{name}"
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.name not in ("model.safetensors", "config.json", "adafuse.json"):
+                shutil.copy(f, dst / f.name)
+        own = json.loads((src / "adafuse.json").read_text()) if (src / "adafuse.json").exists() else {}
+        (dst / "adafuse.json").write_text(json.dumps({k: v for k, v in own.items() if k != "source"}))
+        cfg = transformers.AutoConfig.from_pretrained(src)
+        cfg.update(BUNDLED_TINY)
+        if getattr(cfg, "sliding_window", None):
+            cfg.update(dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"]))
+        torch.manual_seed(seed)
+        transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(dst)
+        out.append(dst)
+    return out

@@ -161,7 +161,11 @@ def _without_timings(tr) -> dict:
 
 
 @pytest.mark.parametrize("case", ["triviaqa", "gsm8k", "mixture", "chat"])
-def test_parallel_models_write_the_same_trace_as_sequential(pair, case):
+def test_parallel_models_write_the_same_trace_as_sequential(tiny_bundled, case):
+    """Side by side (a worker thread per model) and one after another write the same trace bit for bit, on the
+    bundled pair's architectures, tokenizers and chat templates (tiny random weights: what is checked is how the
+    forwards run, not what the models say), a prompt past Gemma 3's sliding window among them."""
+    pair = tiny_bundled
     prompt = gsm8k_prompt(2, shots=1) if case == "gsm8k" else qa_prompt("triviaqa", 3)
     cfg = {"triviaqa": DecodeConfig(stop=("\n",), max_new_words=20),
            "gsm8k": DecodeConfig(stop=("\n\nQuestion:",), max_new_words=12, branches=2),
