@@ -252,7 +252,7 @@ def test_nq_few_shot(pair):
 
 
 def test_gsm8k_prompt(pair):
-    tr = AdaFuse(pair, DecodeConfig(stop=("\n\nQuestion:",), max_new_words=20)).generate(gsm8k_prompt(shots=1))
+    tr = AdaFuse(pair, DecodeConfig(stop=("\n\nQuestion:",), max_new_words=8)).generate(gsm8k_prompt(shots=1))
     check_trace(tr)
     assert models_disagree(tr)
     assert tr.prefill["gemma3-270m"]["prompt_tokens"] > 512  # past Gemma 3's sliding window
