@@ -69,6 +69,9 @@ class Server:
         self.spec = f"vllm:{self.url}#{name}"
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+               # the engine in the server's own process: one process fewer to start (measured on this CPU: ready
+               # in 32-35 s instead of 42, 41-44 CPU-seconds instead of 52)
+               "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
                "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         env.pop("PYTHONPATH", None)
         self.proc = subprocess.Popen(
