@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from lm_eval import simple_evaluate
@@ -47,12 +48,15 @@ def _lm_eval(args: list[str], tmp_path, command: list[str], tasks=("triviaqa",),
             "--metadata", json.dumps({"data": str(SAMPLE_DATA)}), "--log_samples", "--output_path", str(tmp_path / "out")]
     saved_argv, saved_env = sys.argv, dict(os.environ)
     os.environ.update(env or {})
-    try:
+    def entry() -> int:
         if command == ["adafuse", "lm-eval"]:
-            code = main(["lm-eval", *argv])
-        else:
-            sys.argv = ["lm-eval", *argv]
-            code = cli_evaluate() or 0
+            return main(["lm-eval", *argv])
+        sys.argv = ["lm-eval", *argv]
+        return cli_evaluate() or 0
+
+    try:  # in a thread of its own: local-completions calls asyncio.run(), refused where a test left a loop running
+        with ThreadPoolExecutor(1) as pool:
+            code = pool.submit(entry).result()
     finally:
         sys.argv = saved_argv
         os.environ.clear()
