@@ -189,9 +189,10 @@ def run_bash(ex: Example, replace: dict[str, str] | None = None, timeout: float 
 
 
 def _adafuse(args: list[str]) -> tuple[int, str, str]:
-    """`python -m adafuse ARGS` as its entry point runs it (`adafuse.cli.main`), in this process: the models it names
-    come from this process's registry, loaded once for the whole run (tests/test_cli.py starts the entry point as a
-    process of its own). Returns (exit status, stdout, stderr)."""
+    """`python -m adafuse ARGS` as its entry point runs it (`adafuse.cli.main`), in this process: no new interpreter
+    importing torch and transformers again (the command loads the models it names into a registry of its own, as it
+    does on the command line; tests/test_cli.py starts the entry point as a process of its own). Returns (exit status,
+    stdout, stderr)."""
     from adafuse.cli import main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

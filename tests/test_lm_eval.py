@@ -40,8 +40,9 @@ def _lm_eval(args: list[str], tmp_path, command: list[str], tasks=("triviaqa",),
              ) -> list[dict] | dict[str, list]:
     """Run an lm-eval command line on shipped YAMLs (the sample data) and return its samples (by task when several).
     `command` is ["adafuse", "lm-eval"] (`python -m adafuse lm-eval`) or ["lm_eval"] (`python -m lm_eval`): its entry
-    point runs in this process, so the bundled pair is the one the session loaded (the `pair` fixture), not loaded
-    again by a new process (tests/test_cli.py starts `python -m adafuse` as a process of its own)."""
+    point runs in this process (no new interpreter importing torch and lm-eval again; its model loads its members into
+    a registry of its own, as on the command line), in a thread of its own (tests/test_cli.py starts `python -m
+    adafuse` as a process of its own)."""
     from lm_eval.__main__ import cli_evaluate
     from adafuse.cli import main
     argv = ["run", *args, "--include_path", str(TASKS_DIR), "--tasks", ",".join(task_name(t) for t in tasks),
