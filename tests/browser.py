@@ -21,6 +21,10 @@ if not Path(CHROMIUM).exists():
         raise RuntimeError(f"{CHROMIUM} is missing: apt-get install -y chromium")
     pytest.skip("no Chromium here (CI installs it and sets ADAFUSE_REQUIRE_BROWSER=1)", allow_module_level=True)
 
+# A page's answer comes after rounds on a machine two test workers, a vLLM server and Chromium share: an assertion
+# waits as long as an action does (Playwright's 5 s default failed CI once while the visitor's decode ran)
+expect.set_options(timeout=30_000)
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -50,7 +50,7 @@ def public_app():
 
 
 def answer(pg) -> str:
-    expect(pg.locator("#af-status")).to_contain_text("✓ done")
+    expect(pg.locator("#af-status")).to_contain_text("✓ done", timeout=120_000)  # loads both models, then decodes
     return pg.locator("#af-fused .af-out").inner_text()
 
 
