@@ -54,7 +54,8 @@ SLOW_FIRST = ("test_app_browser.py", "test_served.py", "test_app_e2e.py", "test_
 
 
 # files whose session fixture starts a server process: on one worker, it starts once (`adafuse serve` on the pair: ~20 s)
-SAME_WORKER = {"test_lm_eval.py": "adafuse_server", "test_openai_server.py": "adafuse_server"}
+SAME_WORKER = {"test_lm_eval.py": "adafuse_server", "test_openai_server.py": "adafuse_server",
+               "test_readme.py": "adafuse_server"}
 
 
 def slow_first(item: pytest.Item) -> int:
@@ -126,14 +127,11 @@ def chromium():
 
 @pytest.fixture(scope="session")
 def adafuse_server(tmp_path_factory):
-    """`python -m adafuse serve` on the bundled pair, started once for the session's command-line tests (the openai
-    client's and lm-eval's `local-completions`): an API key, 4 decodes at once, TriviaQA's word cap and stop string as
-    the defaults (what lm-eval's requests decode with: it sends TriviaQA's stop strings and a token cap, not a word
-    cap). Yields (base URL, its log file)."""
-    from adafuse.harness.tasks import TASKS
-    from tests.serving import SERVE_KEY, adafuse_serve
+    """`python -m adafuse serve` on the bundled pair as README.md starts it (no key, every decode setting at its
+    default; 4 decodes at once), started once for the session's command-line tests: README's server examples, the
+    openai client's and lm-eval's `local-completions` (each request sends the settings it needs). Yields (base URL,
+    its log file)."""
+    from tests.serving import adafuse_serve
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    args = ["--api-key", SERVE_KEY, "--concurrency", "4", "--max-new-words", str(TASKS["triviaqa"].max_new_words),
-            "--stop", "\\n"]
-    with adafuse_serve(args, log, {"HF_HUB_OFFLINE": "1"}) as base:
+    with adafuse_serve(["--concurrency", "4"], log, {"HF_HUB_OFFLINE": "1"}) as base:
         yield base, log

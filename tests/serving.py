@@ -12,8 +12,6 @@ from typing import Iterator
 
 import httpx
 
-SERVE_KEY = "test-key"  # the API key of the session's `adafuse serve` (the `adafuse_server` fixture in conftest.py)
-
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -5,7 +5,6 @@ gives on the same lines."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,7 +21,6 @@ from adafuse.harness.lm_eval_model import AdaFuseLM
 from adafuse.harness.lm_eval_tasks import HERE as TASKS_DIR, load_docs, process_results, task_name, write_yamls
 from adafuse.harness.metrics import corpus_scores
 from adafuse.harness.tasks import SAMPLE_DATA, TASKS
-from tests.serving import SERVE_KEY
 from tests.toy_tasks import ToyRegistry, toy_data, toy_pair_for, toy_qa_pair
 
 MODEL_ARGS = f"models={'+'.join(DEFAULT_PAIR)},tau=0.7,max_words=3,branches=3"
@@ -36,8 +34,7 @@ def _samples(out_dir, task: str) -> list[dict]:
     return sorted((json.loads(line) for line in paths[0].read_text().splitlines()), key=lambda r: r["doc_id"])
 
 
-def _lm_eval(args: list[str], tmp_path, command: list[str], tasks=("triviaqa",), env: dict | None = None
-             ) -> list[dict] | dict[str, list]:
+def _lm_eval(args: list[str], tmp_path, command: list[str], tasks=("triviaqa",)) -> list[dict] | dict[str, list]:
     """Run an lm-eval command line on shipped YAMLs (the sample data) and return its samples (by task when several).
     `command` is ["adafuse", "lm-eval"] (`python -m adafuse lm-eval`) or ["lm_eval"] (`python -m lm_eval`): its entry
     point runs in this process (no new interpreter importing torch and lm-eval again; its model loads its members into
@@ -47,8 +44,8 @@ def _lm_eval(args: list[str], tmp_path, command: list[str], tasks=("triviaqa",),
     from adafuse.cli import main
     argv = ["run", *args, "--include_path", str(TASKS_DIR), "--tasks", ",".join(task_name(t) for t in tasks),
             "--metadata", json.dumps({"data": str(SAMPLE_DATA)}), "--log_samples", "--output_path", str(tmp_path / "out")]
-    saved_argv, saved_env = sys.argv, dict(os.environ)
-    os.environ.update(env or {})
+    saved_argv = sys.argv
+
     def entry() -> int:
         if command == ["adafuse", "lm-eval"]:
             return main(["lm-eval", *argv])
@@ -60,8 +57,6 @@ def _lm_eval(args: list[str], tmp_path, command: list[str], tasks=("triviaqa",),
             code = pool.submit(entry).result()
     finally:
         sys.argv = saved_argv
-        os.environ.clear()
-        os.environ.update(saved_env)
     assert code == 0, f"{' '.join(command + argv)} exited {code}"
     if len(tasks) == 1:
         return _samples(tmp_path / "out", task_name(tasks[0]))
@@ -223,12 +218,14 @@ def test_lm_eval_model_adafuse_gives_adafuse_evals_outputs_and_exact_match(eval_
 @pytest.mark.models
 def test_lm_evals_local_completions_on_adafuse_serve_gives_adafuse_evals_outputs(eval_rows, adafuse_server,
                                                                                    tmp_path):
-    """`python -m adafuse serve` (the session's, with TriviaQA's word cap: what the adafuse model takes from each doc)
-    behind lm-eval's own `local-completions` model (its key from OPENAI_API_KEY)."""
+    """`python -m adafuse serve` (the session's, at the README's defaults) behind lm-eval's own `local-completions`
+    model: lm-eval sends TriviaQA's stop strings and a token cap; its `--gen_kwargs` sends the ensemble's settings in
+    each request's `adafuse` object, here TriviaQA's word cap (what the adafuse model takes from each doc)."""
     args = f"base_url={adafuse_server[0]}/v1/completions,model=adafuse,tokenizer_backend=None,num_concurrent=2," \
            "max_retries=1"
-    samples = _lm_eval(["--model", "local-completions", "--model_args", args, "--limit", "2"], tmp_path,
-                       ["lm_eval"], env={"OPENAI_API_KEY": SERVE_KEY})
+    words = json.dumps({"adafuse": {"max_new_words": TASKS["triviaqa"].max_new_words}})
+    samples = _lm_eval(["--model", "local-completions", "--model_args", args, "--gen_kwargs", words, "--limit", "2"],
+                       tmp_path, ["lm_eval"])
     assert len(samples) == 2
     _same_as_eval(samples, eval_rows)
 

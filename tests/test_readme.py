@@ -112,11 +112,10 @@ def test_the_library_and_command_line_examples_print_what_they_claim(tmp_path, m
 
 
 @pytest.fixture(scope="module")
-def plain_server(tmp_path_factory):
-    """`python -m adafuse serve` with no settings: what a developer starting it from the README gets."""
-    from tests.serving import adafuse_serve
-    with adafuse_serve([], tmp_path_factory.mktemp("readme-serve") / "server.log", {"HF_HUB_OFFLINE": "1"}) as base:
-        yield base
+def plain_server(adafuse_server):
+    """`python -m adafuse serve` with no decode settings, what a developer starting it from the README gets: the
+    session's (conftest.py), shared with the openai client's and lm-eval's tests."""
+    return adafuse_server[0]
 
 
 @pytest.mark.models

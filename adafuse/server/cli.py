@@ -65,16 +65,9 @@ def gates_from(args: argparse.Namespace) -> dict[str, str]:
     return gates
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        import uvicorn
-
-        from .app import ServeSettings, build_app
-    except ImportError as exc:
-        raise AdafuseError(f"{EXTRA} ({exc})") from exc
-    from ..ensemble import AdaFuse
-    cfg = decode_config(args)  # every request's defaults, checked before any model loads
+def serve_settings(args: argparse.Namespace):
+    """The server's own settings from its command line (key, slots, queue, limits, gates), checked."""
+    from .app import ServeSettings
     if args.queue < 0:
         raise ConfigError(f"--queue {args.queue} is invalid: give 0 or more")
     if not 0 < args.port < 65536:
@@ -85,9 +78,22 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--max-branches {args.max_branches} is invalid: give 1 or more")
     if not args.timeout >= 0:
         raise ConfigError(f"--timeout {args.timeout} is invalid: give seconds (0: no limit)")
-    settings = ServeSettings(name=args.name, api_key=args.api_key or os.environ.get("ADAFUSE_API_KEY") or None,
-                             concurrency=check_concurrency(args.concurrency), queue=args.queue, gates=gates_from(args),
-                             max_tokens=args.max_tokens, max_branches=args.max_branches, timeout=args.timeout or None)
+    return ServeSettings(name=args.name, api_key=args.api_key or os.environ.get("ADAFUSE_API_KEY") or None,
+                         concurrency=check_concurrency(args.concurrency), queue=args.queue, gates=gates_from(args),
+                         max_tokens=args.max_tokens, max_branches=args.max_branches, timeout=args.timeout or None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        import uvicorn
+
+        from .app import build_app
+    except ImportError as exc:
+        raise AdafuseError(f"{EXTRA} ({exc})") from exc
+    from ..ensemble import AdaFuse
+    cfg = decode_config(args)  # every request's defaults, checked before any model loads
+    settings = serve_settings(args)
     models = load_models(args)  # the server's models, loaded once for every request
     app = build_app(AdaFuse(models, cfg, parallel=args.parallel), settings)
     log = logging.getLogger("adafuse.server")  # the server's own lines (cancelled decodes, failures) beside uvicorn's
