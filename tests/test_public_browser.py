@@ -100,7 +100,11 @@ def test_two_visitors_one_tries_every_refused_action_the_others_decode_is_as_alo
         with visit(chromium, public_app) as a, listener() as (port, heard):
             alone = answer(b)
             tries(a, b, port, tmp_path)
-            assert answer(b) == alone and not heard()
+            again = answer(b)
+            # once in CI (stop 62) B's second answer kept its line end ("William Shakespeare.\n"): the toy pair's
+            # answer under the stop "\nQuestion:" or none, not "\n". Which stop B's box held is said if it recurs
+            stop = b.locator("#af-stop textarea").input_value()
+            assert again == alone and not heard(), (status(b), stop, alone, again)
 
 
 def test_the_scripting_api_keeps_the_same_rules(public_app, tmp_path):
