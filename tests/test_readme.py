@@ -111,22 +111,16 @@ def test_the_library_and_command_line_examples_print_what_they_claim(tmp_path, m
     assert (tmp_path / "trace.json").exists() and (tmp_path / "t.json").exists()
 
 
-@pytest.fixture(scope="module")
-def plain_server(adafuse_server):
-    """`python -m adafuse serve` with no decode settings, what a developer starting it from the README gets: the
-    session's (conftest.py), shared with the openai client's and lm-eval's tests."""
-    return adafuse_server[0]
-
-
 @pytest.mark.models
-def test_the_server_examples_print_what_they_claim(plain_server):
+def test_the_server_examples_print_what_they_claim(adafuse_server):
+    """Against the session's `adafuse serve` (conftest.py), started as README starts it."""
     for ex in _group("serve"):
-        replace = {"http://127.0.0.1:8931": plain_server}
+        replace = {"http://127.0.0.1:8931": adafuse_server[0]}
         run_python(ex, replace) if ex.lang == "python" else run_bash(ex, replace)
 
 
 @pytest.mark.models
-def test_the_servers_defaults_answer_as_the_library_and_the_app_do(plain_server, pair):
+def test_the_servers_defaults_answer_as_the_library_and_the_app_do(adafuse_server, pair):
     """A first request with none of the ensemble's settings decodes as the library's defaults do (the app's page starts
     from the same: tests/test_defaults.py): per word, a bare question about Hamlet is answered (per token it ran into
     a list, " 1. 2. 3. …": docs/defaults.md), and with one worked example first too."""
@@ -134,7 +128,7 @@ def test_the_servers_defaults_answer_as_the_library_and_the_app_do(plain_server,
     bare = "Question: Who wrote Hamlet?\nAnswer:"
     for prompt, first_line in ((bare, "Shakespeare"), ("Question: What is the capital of Italy?\nAnswer: Rome\n\n" + bare,
                                                     "Shakespeare")):
-        r = httpx.post(f"{plain_server}/v1/completions", timeout=300,
+        r = httpx.post(f"{adafuse_server[0]}/v1/completions", timeout=300,
                        json={"model": "adafuse", "prompt": prompt, "max_tokens": 12})
         assert r.status_code == 200, r.text
         text = r.json()["choices"][0]["text"]
