@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
 
 from .errors import ConfigError
-from .models.batching import run_lean
+from .models.lean import run_lean
 
 T = TypeVar("T")
 # Decodes in flight by default: on a 2-core CPU with the bundled pair, examples per minute rose up to 8 and no further

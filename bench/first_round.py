@@ -24,7 +24,8 @@ from transformers import DynamicCache
 
 from adafuse import AdaFuse, DecodeConfig
 from adafuse.models import DEFAULT_PAIR, get_model
-from adafuse.models.batching import Rider, lean
+from adafuse.models.batching import Rider
+from adafuse.models.lean import lean
 from adafuse.stops import parse_stops
 from app.controller import load_examples
 

@@ -114,7 +114,7 @@ def test_a_batch_waits_for_a_working_decode_and_carries_both():
     assert served["a"].seconds == pytest.approx(served["b"].seconds)  # same positions: the same share
     assert b.forwards == 1
     # who is waited for: a working rider without a request in; never an idle one
-    b.queue = [Request([[1]], prefilled(model, [2]))]
+    b.queue = [Request([[1]], prefilled(model, [2]), wake=b.runtime.waiter())]
     b.free_since = time.monotonic()
     assert b._ready()  # r1, r2 and idle are all idle now
     with r2.working():

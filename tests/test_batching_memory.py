@@ -15,7 +15,7 @@ from adafuse.models.batching import Batcher, Runtime, packed_forward
 from adafuse.models.session import LocalSession
 from adafuse.parallel import Workers
 from tests.test_batching import tiny
-from tests.test_faults import _cases, _request, tiny_local
+from tests.test_faults import _cases, _request, queued as wait_queued, tiny_local, until
 
 pytestmark = pytest.mark.unit
 
@@ -33,12 +33,11 @@ def _held(b: Batcher, queued: int):
         b.running = True
     try:
         yield
-        with b.gate:
-            assert b.gate.wait_for(lambda: len(b.queue) == queued, timeout=30), b.queue
+        wait_queued(b, queued)
     finally:
         with b.gate:
             b.running = False
-            b.gate.notify_all()
+            b.wake_head()
 
 
 def test_each_request_of_a_packed_forward_gets_log_probs_of_its_own():
@@ -82,18 +81,25 @@ def test_what_sessions_keep_after_a_shared_prefill_holds_no_other_decodes_rows()
             assert kept.shape == (lm.vocab_size,) and _own_size(kept), kept.untyped_storage().nbytes()
 
 
-class CountingCondition(threading.Condition):
-    """A condition that counts each thread's waits (each wait is one sleep and one wake-up); `began` is set as a
-    thread starts one."""
+class CountingWaits:
+    """The conditions a runtime's queued requests sleep on (`Runtime.waiter`, on the runtime's gate), each counting
+    its thread's waits (each wait is one sleep and one wake-up); `began` is set as a thread starts one."""
 
-    def __init__(self):
-        super().__init__()
-        self.waits: dict[int, list] = {}
-        self.began = threading.Event()
+    def __init__(self, runtime: Runtime):
+        self.gate, self.waits, self.began = runtime.gate, {}, threading.Event()
+
+    def __call__(self) -> threading.Condition:
+        return _Counting(self)
+
+
+class _Counting(threading.Condition):
+    def __init__(self, counts: CountingWaits):
+        super().__init__(counts.gate)
+        self.counts = counts
 
     def wait(self, timeout=None):
-        self.waits.setdefault(threading.get_ident(), []).append(timeout)
-        self.began.set()
+        self.counts.waits.setdefault(threading.get_ident(), []).append(timeout)
+        self.counts.began.set()
         return super().wait(timeout)
 
 
@@ -120,10 +126,10 @@ class SlowModel(torch.nn.Module):
 
 def test_a_request_queued_behind_a_running_forward_sleeps_until_it_ends():
     """One thread's forward runs for 0.2 s while another thread's request waits behind it: the waiting thread sleeps
-    until the forward ends (woken by the condition), a handful of waits in all. Before: once the gather window had
-    passed it polled every millisecond (about 150 wake-ups in those 0.2 s; 780 in 0.9 s measured in a decode)."""
+    until the forward ends (woken by its request's condition), a handful of waits in all. Before: once the gather
+    window had passed it polled every millisecond (about 150 wake-ups in those 0.2 s; 780 in 0.9 s in a decode)."""
     runtime = Runtime(gather_seconds=0.01)
-    runtime.gate = gate = CountingCondition()
+    runtime.waiter = gate = CountingWaits(runtime)
     model = SlowModel(0.2)
     b = Batcher(model, runtime)
     assert not b.packed
@@ -146,6 +152,42 @@ def test_a_request_queued_behind_a_running_forward_sleeps_until_it_ends():
     waits = gate.waits.get(who["second"], [])
     assert 1 <= len(waits) <= 5, (len(waits), waits[:10])
     assert waits[0] is None  # while the forward ran: no timeout, woken when it ended
+
+
+def test_a_change_of_a_decode_wakes_the_oldest_request_not_every_waiting_one():
+    """Eight decodes' requests wait while another decode computes; that decode's state changes 20 times (each step
+    and each forward of a decode is such a change): only the oldest request's thread wakes to check whether the batch
+    may start, the seven behind it sleep until they are served, all eight in one forward. Before: every change woke
+    every waiting thread (32 decodes in flight: a quarter of the time holding Python's lock went to waking them)."""
+    from tests.test_batching import Rider, prefilled
+    runtime = Runtime(gather_seconds=30.0)  # only the decodes' changes start the batch
+    runtime.waiter = counts = CountingWaits(runtime)
+    model = tiny("llama")
+    b = Batcher(model, runtime)
+    busy = Rider()
+    with busy.working():
+        b.forward([[5]], prefilled(model, [6]))  # it is the batcher's: waited for while it works
+    caches = [prefilled(model, [2, i + 3]) for i in range(8)]
+    got, who = {}, {}
+
+    def run(i):
+        who[i] = threading.get_ident()
+        got[i] = b.forward([[1]], caches[i])
+    with busy.working():
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        until(lambda: len(counts.waits) == 8)  # every thread sleeps (a wait is counted holding the gate)
+        head = next(t for t, w in counts.waits.items() if w[0] is not None)  # the oldest: until its deadline
+        for _ in range(5):
+            slept = len(counts.waits[head])
+            with busy.working():  # two changes (a step inside the step): it works all along
+                pass
+            until(lambda: len(counts.waits[head]) > slept)  # the oldest woke, checked and sleeps again
+    for t in threads:  # it stops working: the batch starts
+        t.join(30)
+    assert sorted(got) == list(range(8)) and b.forwards == 2 and b.peak_requests == 8
+    assert all(w == [None] for t, w in counts.waits.items() if t != head), counts.waits  # woken once: served
 
 
 class FakeStream:

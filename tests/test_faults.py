@@ -10,6 +10,7 @@ import copy
 import gc
 import random
 import threading
+import time
 import weakref
 from contextlib import contextmanager
 
@@ -191,10 +192,10 @@ def test_an_interrupt_in_a_shared_forward_stops_the_thread_that_leads_it_and_ret
     try:
         for t in threads:
             t.start()
+        queued(b, 3)
         with b.gate:
-            assert b.gate.wait_for(lambda: len(b.queue) == 3, timeout=30)
             b.running = False
-            b.gate.notify_all()
+            b.wake_head()
         for t in threads:
             t.join(60)
     finally:
@@ -250,14 +251,28 @@ def test_a_waiting_thread_that_is_interrupted_leaves_the_queue(monkeypatch):
     b.running = True  # another forward is under way: the request waits
     waits = []
 
-    def interrupted(timeout=None):
-        waits.append(timeout)
-        raise KeyboardInterrupt
+    class Interrupted(threading.Condition):
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            raise KeyboardInterrupt
 
-    monkeypatch.setattr(b.gate, "wait", interrupted)
+    monkeypatch.setattr(b.runtime, "waiter", lambda: Interrupted(b.gate))
     with pytest.raises(KeyboardInterrupt):
         b.forward([[1]], prefilled(model, [2]))
     assert waits and b.queue == []
+
+
+def until(check, timeout: float = 30) -> None:
+    """Wait until `check()` holds (polled: the threads it watches sleep on conditions of their own)."""
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, f"not within {timeout} s"
+        time.sleep(0.005)
+
+
+def queued(b: Batcher, n: int) -> None:
+    """Wait until `n` requests wait in `b`'s queue."""
+    until(lambda: len(b.queue) == n)
 
 
 def _poisoned_decodes(pair, prompts, poison_prompt, where, concurrency=4):

@@ -26,8 +26,8 @@ leaves the queue. Each request's log-probs are its own tensor, not a view into t
 of them holds no other decode's rows). On CUDA every forward of a model runs on that model's one stream
 (`Batcher.stream`), whichever decode's thread leads it, and is synchronized before its results are handed back.
 
-What the models of one `ModelRegistry` share while decodes run is its `Runtime`: the condition its batchers wait
-on, the CPU's turn (two forwards that each use every core go one after the other) and the batchers' settings. A
+What the models of one `ModelRegistry` share while decodes run is its `Runtime`: the lock its batchers queue
+under, the CPU's turn (two forwards that each use every core go one after the other) and the batchers' settings. A
 decode's `Rider` is its own (a lock for its counters) and wakes the batchers of every model it uses, whichever runtime
 they belong to. Nothing here is module-level state: two registries in one process share nothing but the cores; the
 current decode's rider and a thread's lean budget are context variables (each thread and context sees its own).
@@ -46,6 +46,7 @@ from contextlib import contextmanager
 import torch
 
 from ..errors import ForwardError
+from .lean import full_threads
 from .packed import (PACKED, Request, _device, cache_state, packed_forward, restore,  # noqa: F401 (re-exported)
                      use_packed_attention)
 
@@ -58,24 +59,28 @@ MAX_TOKENS = 8192
 # The decode computing in this context (Python's rule: context variables are made once, at module level; each
 # context holds its own value)
 _RIDER: contextvars.ContextVar["Rider | None"] = contextvars.ContextVar("adafuse_rider", default=None)
-# (thread, its torch thread budget) while a thread runs lean (`lean`)
-_LEAN: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("adafuse_lean", default=None)
 
 
 class Runtime:
-    """What the models of one registry share while they compute: `gate`, the condition their batchers' queues and
-    states are read and changed under; `cpu_turn`, held by a forward that uses every core of this machine's CPU; and
-    the settings of the batchers it makes (`gather_seconds`, `max_rows`, `max_tokens`, `attention`: see the module
-    doc); `probes`, what the side-by-side probe measured of its models. `ModelRegistry` makes one and gives it to
-    every model it loads; a model made by hand has one of its own."""
+    """What the models of one registry share while they compute: `gate`, the lock their batchers' queues and states
+    are read and changed under (a queued request's thread sleeps on a condition of its own on it, `waiter`);
+    `cpu_turn`, held by a forward that uses every core of this machine's CPU; and the settings of the batchers it
+    makes (`gather_seconds`, `max_rows`, `max_tokens`, `attention`: see the module doc); `probes`, what the
+    side-by-side probe measured of its models. `ModelRegistry` makes one and gives it to every model it loads; a model
+    made by hand has one of its own."""
 
     def __init__(self, gather_seconds: float = GATHER_SECONDS, max_rows: int = MAX_ROWS,
                  max_tokens: int = MAX_TOKENS, attention: str = "auto"):
-        self.gate = threading.Condition()
+        self.gate = threading.RLock()
         self.cpu_turn = threading.Lock()
         self.gather_seconds, self.max_rows, self.max_tokens = gather_seconds, max_rows, max_tokens
         self.attention = attention  # packed.ATTENTION_MODES: how a packed forward's attention runs
         self.probes: dict = {}  # the side-by-side probe's seconds, per set of models (parallel.py)
+
+    def waiter(self) -> threading.Condition:
+        """The condition a queued request's thread sleeps on: woken alone (when its request is served, or when it is
+        the oldest and a batch may start), not with every decode's thread."""
+        return threading.Condition(self.gate)
 
     def batcher(self, model: torch.nn.Module) -> "Batcher":
         return Batcher(model, self)
@@ -96,28 +101,28 @@ class Rider:
     """One decode's presence at the batchers of the models it uses. `working()` marks the span of a step (the
     batchers wait for a working rider's next request); a rider not inside one is idle and never waited for (a decode
     a page keeps between Step presses, a finished one). Its counters change under its own lock; each change then wakes
-    the batchers it has joined (their runtimes' gates), never while holding one of them."""
+    the batchers it has joined (the thread at the head of each one's queue), never while holding one of them."""
 
     def __init__(self):
         self.working_depth = 0
         self.waiting = 0
         self._lock = threading.Lock()
-        self._gates: list[threading.Condition] = []
+        self._batchers: list[Batcher] = []
 
-    def join(self, gate: threading.Condition) -> None:
-        """A batcher under `gate` may wait for this rider: its changes wake that gate too."""
+    def join(self, batcher: "Batcher") -> None:
+        """`batcher` may wait for this rider: its changes wake that batcher too."""
         with self._lock:
-            if not any(g is gate for g in self._gates):
-                self._gates.append(gate)
+            if not any(b is batcher for b in self._batchers):
+                self._batchers.append(batcher)
 
     def change(self, working: int = 0, waiting: int = 0) -> None:
         with self._lock:
             self.working_depth += working
             self.waiting += waiting
-            gates = list(self._gates)
-        for gate in gates:  # after the change: a batcher that read the old value is waiting by now, and wakes
-            with gate:
-                gate.notify_all()
+            batchers = list(self._batchers)
+        for b in batchers:  # after the change: a batcher that read the old value is waiting by now, and wakes
+            with b.gate:
+                b.wake_head()
 
     @contextmanager
     def working(self):
@@ -206,7 +211,7 @@ class Batcher:
     def expect(self, rider: Rider) -> None:
         """A decode starting now will send requests here: its first forward is waited for like its later ones (four
         prefills that start together run as one forward, not one alone and three packed)."""
-        rider.join(self.gate)
+        rider.join(self)
         with self.gate:
             self.riders.add(rider)
 
@@ -220,16 +225,16 @@ class Batcher:
             self.expect(rider)
         if stream is not None and torch.cuda.current_stream(self.device) != stream:
             stream.wait_stream(torch.cuda.current_stream(self.device))  # what this thread queued (a cache copy) first
+        req.wake = self.runtime.waiter()
         with gate:
             self.queue.append(req)
-            gate.notify_all()
         if rider is not None:  # queued first: no batch starts between this rider's last step and its request
             rider.change(waiting=1)
         try:
             while True:
                 with gate:
                     while not req.done and (self.running or not self._ready()):
-                        gate.wait(self._wait_left())
+                        req.wake.wait(self._wait_left() if self.queue and self.queue[0] is req else None)
                     if req.done:
                         break
                     batch = self._take()
@@ -247,12 +252,13 @@ class Batcher:
                         queued = {id(r) for r in self.queue}  # put back by a forward that was stopped (`_run`)
                         for r in batch:
                             r.done = id(r) not in queued
-                        gate.notify_all()
+                            r.wake.notify()
+                        self.wake_head()
         finally:
             with gate:
                 if not req.done and req in self.queue:  # the waiting thread was interrupted: no forward runs it now
                     self.queue.remove(req)
-                gate.notify_all()
+                self.wake_head()
             if rider is not None:
                 rider.change(waiting=-1)
         if req.error is not None:
@@ -271,9 +277,16 @@ class Batcher:
             return True
         return not any(r.expected for r in self.riders)
 
+    def wake_head(self) -> None:
+        """Wake the thread of the oldest queued request, which decides when the next batch starts (under the gate; a
+        thread whose request is behind it sleeps until its request is served or it is the oldest: with N decodes
+        waiting, a change costs one wake-up, not N)."""
+        if self.queue and not self.running:
+            self.queue[0].wake.notify()
+
     def _wait_left(self) -> float | None:
-        """How long a waiting thread sleeps unless woken (as it is when a forward ends, a request comes or a rider
-        changes): until the oldest request's gather deadline; while a forward runs or nothing waits, until woken."""
+        """How long the oldest request's thread sleeps unless woken (as it is when a forward ends or a rider changes):
+        until its gather deadline; while a forward runs or nothing waits, until woken."""
         if self.running or not self.queue:
             return None
         return max(0.0, self.runtime.gather_seconds - self._waited())
@@ -339,7 +352,6 @@ class Batcher:
                 back.append(r)
         with self.gate:
             self.queue[:0] = back  # first again: the next forward runs them
-            self.gate.notify_all()
         raise stop
 
     @torch.inference_mode()
@@ -347,7 +359,7 @@ class Batcher:
         if self.packed and getattr(self.model.config, "_attn_implementation", None) != PACKED:
             self.packed = use_packed_attention(self.model)  # someone switched the model's attention since
         stream = self.stream
-        with _full_threads(), self.runtime.turn(self.model), _on_stream(stream, self.device):
+        with full_threads(), self.runtime.turn(self.model), _on_stream(stream, self.device):
             t0 = time.perf_counter()
             if self.packed:
                 outs = packed_forward(self.model, batch, self.attention)
@@ -402,41 +414,6 @@ def _on_stream(stream, device):
         return
     with torch.cuda.device(device), torch.cuda.stream(stream):
         yield
-
-
-@contextmanager
-def lean():
-    """This thread (one of many decodes' threads) computes its own small tensor work on one CPU thread meanwhile: many
-    threads each starting a team of CPU threads for an argmax would crowd the cores a batched forward needs. A forward
-    it leads still gets the budget the thread had (`_full_threads`); workers it hands work to (`parallel.Workers`, in
-    a copy of its context) keep their own."""
-    budget = torch.get_num_threads()
-    token = _LEAN.set((threading.get_ident(), budget))
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(budget)
-        _LEAN.reset(token)
-
-
-def run_lean(fn, *args):
-    """`fn(*args)` with this thread lean (`lean`): what the threads of many decodes run."""
-    with lean():
-        return fn(*args)
-
-
-@contextmanager
-def _full_threads():
-    leaning = _LEAN.get()
-    if leaning is None or leaning[0] != threading.get_ident():
-        yield
-        return
-    torch.set_num_threads(leaning[1])
-    try:
-        yield
-    finally:
-        torch.set_num_threads(1)
 
 
 def _plain_forward(model, r: Request) -> torch.Tensor:

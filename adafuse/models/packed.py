@@ -60,6 +60,7 @@ class Request:
     seconds: float = 0.0
     riders: int = 1
     error: BaseException | None = None
+    wake: object | None = None  # the condition its waiting thread sleeps on (`batching.Batcher.forward`)
 
     @property
     def positions(self) -> int:

@@ -10,7 +10,7 @@ from typing import Callable
 
 from ..decoder import Decoding
 from ..many import check_concurrency
-from ..models.batching import run_lean
+from ..models.lean import run_lean
 from ..trace import StopReason
 
 
