@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from adafuse.models.batching import Batcher, Runtime, packed_forward
+from adafuse.models.batching import Batcher, Rider, Runtime, packed_forward
 from adafuse.models.session import LocalSession
 from adafuse.parallel import Workers
-from tests.test_batching import tiny
+from tests.test_batching import prefilled, tiny
 from tests.test_faults import _cases, _request, queued as wait_queued, tiny_local, until
 
 pytestmark = pytest.mark.unit
@@ -129,7 +129,7 @@ def test_a_request_queued_behind_a_running_forward_sleeps_until_it_ends():
     until the forward ends (woken by its request's condition), a handful of waits in all. Before: once the gather
     window had passed it polled every millisecond (about 150 wake-ups in those 0.2 s; 780 in 0.9 s in a decode)."""
     runtime = Runtime(gather_seconds=0.01)
-    runtime.waiter = gate = CountingWaits(runtime)
+    runtime.waiter = counts = CountingWaits(runtime)
     model = SlowModel(0.2)
     b = Batcher(model, runtime)
     assert not b.packed
@@ -141,25 +141,24 @@ def test_a_request_queued_behind_a_running_forward_sleeps_until_it_ends():
     first = threading.Thread(target=run, args=("first",))
     first.start()
     assert model.entered.wait(30)  # the first forward runs
-    gate.began.clear()
+    counts.began.clear()
     second = threading.Thread(target=run, args=("second",))
     second.start()
-    assert gate.began.wait(30) and len(b.queue) == 1  # the second request waits behind it
+    assert counts.began.wait(30) and len(b.queue) == 1  # the second request waits behind it
     model.queued.set()
     first.join(30)
     second.join(30)
     assert set(got) == {"first", "second"}
-    waits = gate.waits.get(who["second"], [])
+    waits = counts.waits.get(who["second"], [])
     assert 1 <= len(waits) <= 5, (len(waits), waits[:10])
     assert waits[0] is None  # while the forward ran: no timeout, woken when it ended
 
 
 def test_a_change_of_a_decode_wakes_the_oldest_request_not_every_waiting_one():
-    """Eight decodes' requests wait while another decode computes; that decode's state changes 20 times (each step
+    """Eight decodes' requests wait while another decode computes; that decode's state changes 10 times (each step
     and each forward of a decode is such a change): only the oldest request's thread wakes to check whether the batch
     may start, the seven behind it sleep until they are served, all eight in one forward. Before: every change woke
     every waiting thread (32 decodes in flight: a quarter of the time holding Python's lock went to waking them)."""
-    from tests.test_batching import Rider, prefilled
     runtime = Runtime(gather_seconds=30.0)  # only the decodes' changes start the batch
     runtime.waiter = counts = CountingWaits(runtime)
     model = tiny("llama")
