@@ -36,6 +36,7 @@ def toy_gate() -> str:
     """A gate that trusts the confident model and leans on b, at a fixed path (the trace's settings name it)."""
     g = Gate.zeros(["a", "b"])
     g.b = [0.0, 1.0]
+    g.trained = {"normalize": DecodeConfig().normalize}  # as trained under the scoring the runs use
     k = FEATURES.index("confident")
     g.W[0][k] = 2.0
     path = Path(tempfile.gettempdir()) / "trace-identity-gate.json"
