@@ -189,3 +189,24 @@ def test_auto_attention_runs_the_loop_on_a_cpu_and_single_calls_where_launches_c
     assert _cheapest(*alike, cpu) == "loop" and _cheapest(*alike, gpu) == "rows"
     assert _cheapest(*case((1, 1, 2000), *[(1, 1, 20)] * 5), gpu) == "loop"  # padding 5.7x, the dense layout 6x
     assert _cheapest(*case((1, 1, 300), (1, 64, 64)), gpu) == "loop"  # no two feed as many tokens
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_the_rows_mask_lets_each_row_see_its_own_keys_up_to_its_position(window):
+    """`_row_mask` by its definition, cell by cell: requests feeding T = 2 tokens after different pasts, their keys
+    padded to the longest (a sliding layer holds fewer), each row's query at past+t seeing its key j (at past+T-L+j)
+    when j < L, at or before its position, inside the window."""
+    segments = [packed._Segment(None, 0, rows=2, length=2, past=3), packed._Segment(None, 4, rows=1, length=2, past=0),
+                packed._Segment(None, 6, rows=3, length=2, past=1)]
+    lengths, longest = (5, 2, 3), 5
+    mask = packed._row_mask(segments, lengths, longest, window, torch.device("cpu"))
+    assert mask.shape == (6, 1, 2, 5) and mask.dtype == torch.bool
+    row = 0
+    for s, held in zip(segments, lengths):
+        for _ in range(s.rows):
+            for t in range(2):
+                for j in range(longest):
+                    q, k = s.past + t, s.past + s.length - held + j
+                    want = j < held and k <= q and (window is None or k > q - window)
+                    assert bool(mask[row, 0, t, j]) == want, (row, t, j)
+            row += 1

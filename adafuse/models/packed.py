@@ -321,16 +321,18 @@ def _split(out: torch.Tensor, segments: list[_Segment]) -> list[torch.Tensor]:
 
 def _row_mask(segments, lengths, longest: int, window: int | None, device) -> torch.Tensor:
     """(R, 1, T, longest) booleans: row r's query t (at position past+t) sees its key j (at past+T-L+j) for j < L, at
-    its position or before (and inside the window)."""
-    parts = []
-    for s, length in zip(segments, lengths):
-        q = torch.arange(s.past, s.past + s.length, device=device)[:, None]
-        k = (s.past + s.length - length + torch.arange(longest, device=device))[None, :]
-        visible = (k <= q) & (torch.arange(longest, device=device)[None, :] < length)
-        if window is not None:
-            visible &= k > q - window
-        parts.append(visible[None, None].expand(s.rows, 1, -1, -1))
-    return torch.cat(parts)
+    its position or before (and inside the window). Every segment at once (its past, T, L and rows as tensors): a
+    handful of operations per forward, not a handful per request (no device sync: the sizes are known here)."""
+    past, fed, held, rows = torch.tensor([[s.past, s.length, n, s.rows] for s, n in zip(segments, lengths)],
+                                         device=device).unbind(1)
+    t = torch.arange(segments[0].length, device=device)  # every segment feeds T (`_rows_call` groups them)
+    j = torch.arange(longest, device=device)
+    q = (past[:, None] + t[None, :])[:, :, None]  # (S, T, 1) query positions
+    k = (past + fed - held)[:, None, None] + j[None, None, :]  # (S, 1, longest) key positions
+    visible = (k <= q) & (j[None, None, :] < held[:, None, None])
+    if window is not None:
+        visible &= k > q - window
+    return visible.repeat_interleave(rows, dim=0, output_size=sum(s.rows for s in segments))[:, None]
 
 
 def _one_call(module, inner, query, segments, kv, window, masks: dict, **kwargs):
