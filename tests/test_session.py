@@ -339,3 +339,18 @@ def test_what_the_word_builder_and_the_selection_keep_of_a_view_are_fields_of_th
     assert sorted(ends.tolist()) == sorted(s.end_ids) and "_index_cache" not in vars(s)
     d.step()  # b is unsure: it explores, and the selection counts on its own fields
     assert s.selections_made == 1 and len(snapshot(s)) == 4 + len(COUNTERS)
+
+
+def test_decode_after_decodes_the_context_once_for_a_rounds_candidates(monkeypatch):
+    """A round's candidates all follow the same context: its anchor text is decoded once, each candidate once, and
+    the texts are those of decoding the context with and without the candidate."""
+    a, _ = toy_pair()
+    view = a.open_view("Q")
+    context = view.encode(" Paris is")
+    tokens = view.encode(" Paris is nice. big")[len(context):]
+    want = [a.decode(context + [t])[len(a.decode(context)):] for t in tokens]  # the toy's tokens never merge
+    calls = []
+    decode = type(a).decode
+    monkeypatch.setattr(type(a), "decode", lambda self, ids: calls.append(list(ids)) or decode(self, ids))
+    assert [view.decode_after(context, [t]) for t in tokens] == want == [" nice", ".", " big"]
+    assert len(calls) == len(tokens) + 1

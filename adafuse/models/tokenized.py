@@ -36,6 +36,7 @@ class TokenizedView(ModelView):
         self.tokenizer_seconds = 0.0
         self.peak_side_bytes = 0  # the largest prefix copy a batch made (exploration, beam, scoring)
         self.anchor_char, self.anchor_tok = 0, 0
+        self._heads: dict[tuple[int, ...], tuple[int, str]] = {}  # `decode_after`'s anchors, by the context's tail
         self.ids = self.encode("")
         self.prompt_tokens = len(self.ids)
         lm.check_fits(self.prompt_tokens)
@@ -92,13 +93,25 @@ class TokenizedView(ModelView):
 
     def decode_after(self, context: list[int], new: list[int]) -> str:
         """Text that tokens `new` add after `context` (anchored so leading spaces survive; no clean-up)."""
-        n = min(4, len(context))
-        head = self.decode(context[len(context) - n:]) if n else ""
-        while n < min(len(context), 12) and head.startswith("\ufffd"):  # the anchor began inside a character
-            n += 1
-            head = self.decode(context[len(context) - n:])
+        n, head = self._head(context)
         full = self.decode(context[len(context) - n:] + new)
         return full[len(head):] if full.startswith(head) else self.decode(new)
+
+    def _head(self, context: list[int]) -> tuple[int, str]:
+        """The anchor of `decode_after`: the last n (4 to 12) tokens of `context` and their text, decoded once per
+        context (a round's candidates all follow the same one)."""
+        tail = tuple(context[-12:])
+        got = self._heads.get(tail)
+        if got is None:
+            n = min(4, len(context))
+            head = self.decode(context[len(context) - n:]) if n else ""
+            while n < min(len(context), 12) and head.startswith("\ufffd"):  # the anchor began inside a character
+                n += 1
+                head = self.decode(context[len(context) - n:])
+            if len(self._heads) >= 64:
+                self._heads.clear()
+            got = self._heads[tail] = (n, head)
+        return got
 
     def vocab_texts(self) -> list[str]:
         return self.lm.vocab_texts()
