@@ -1,6 +1,6 @@
 """How much of a step with many decodes in flight is the engine's own work (python -m bench.engine).
 
-    python -m bench.engine [--levels 1 8 32 64 128] [--sleep-ms 5] [--repeats 1] [--json FILE]
+    python -m bench.engine [--levels 1 8 32 64 128] [--sleep-ms 5] [--attention auto] [--repeats 1] [--json FILE]
 
 The simulation: two tiny random-weight models built from configs in the bundled pair's architectures (Llama, as
 SmolLM2; Gemma 3 with sliding-window layers), both on SmolLM2's tokenizer (from the bundled folder). Every forward of
@@ -9,7 +9,9 @@ the sleeps of the two models take turns (one device). AdaFuse B=3 decodes of 8 w
 otherwise) go through `run_many` at each level in flight, on max(8, 2 × level) prompts. Printed per level: decodes/s,
 × one in flight, forwards per decode (every model's batcher forwards), ms per step (wall time per forward) and the
 engine's ms per step (the wall time during which no forward ran, per forward: what the engine costs on top of the
-device), and whether the first 8 traces are those decoded one at a time.
+device), and whether the first 8 traces are those decoded one at a time. `--attention rows` runs the packed attention
+as `auto` picks it on a GPU for alike rows (on this CPU `auto` runs a call per request); `--sleep-ms 0` measures what
+this CPU's own work allows (the tiny models' layers and the engine, no device time): the ceiling of any level here.
 
 The bundled pair on this CPU at 1/8/16 in flight is the existing concurrency benchmark:
 `python -m adafuse.harness.bench --concurrency 1 8 16 --trivia 32` (AdaFuse B=3; examples per minute, × one, and
@@ -34,6 +36,7 @@ from adafuse import AdaFuse, DecodeConfig
 from adafuse.harness.bench_many import first_difference, interleaved
 from adafuse.many import run_many
 from adafuse.models.batching import Runtime
+from adafuse.models.packed import ATTENTION_MODES
 from adafuse.models.local import LocalModel, bundled_folder
 
 CONFIG = DecodeConfig(branches=3, max_new_words=8)
@@ -78,7 +81,7 @@ class Device:
         return total
 
 
-def tiny_pair(device: Device) -> list[LocalModel]:
+def tiny_pair(device: Device, attention: str = "auto") -> list[LocalModel]:
     """A tiny Llama and a tiny Gemma 3 (random weights, seeded) on SmolLM2's tokenizer, sharing one runtime as the
     models of one registry do, every forward through `device`."""
     import transformers
@@ -87,7 +90,7 @@ def tiny_pair(device: Device) -> list[LocalModel]:
                ("tiny-gemma3", transformers.Gemma3TextConfig(
                    vocab_size=len(tok), head_dim=16, query_pre_attn_scalar=16, sliding_window=16,
                    layer_types=["sliding_attention", "full_attention"], **SHAPE), transformers.Gemma3ForCausalLM)]
-    runtime, models = Runtime(), []
+    runtime, models = Runtime(attention=attention), []
     for seed, (name, cfg, cls) in enumerate(configs):
         cfg._attn_implementation = "sdpa"
         cfg.eos_token_id, cfg.bos_token_id, cfg.pad_token_id = tok.eos_token_id, tok.bos_token_id, tok.pad_token_id
@@ -120,9 +123,9 @@ def sim_level(models, device: Device, level: int, n: int) -> tuple[dict, list]:
             "engine ms/step": 1000 * (wall - busy) / fwd, "forward ms": 1000 * busy / fwd}, traces
 
 
-def simulate(levels: list[int], sleep_ms: float, repeats: int) -> list[dict]:
+def simulate(levels: list[int], sleep_ms: float, repeats: int, attention: str = "auto") -> list[dict]:
     device = Device(sleep_ms / 1000)
-    models = tiny_pair(device)
+    models = tiny_pair(device, attention)
     AdaFuse(models, CONFIG).generate(prompts(1)[0])  # warm-up: the side-by-side probe, allocator, kernels
     runs: dict[int, list[dict]] = {lv: [] for lv in levels}
     traces: dict[int, list] = {}
@@ -144,7 +147,8 @@ def simulate(levels: list[int], sleep_ms: float, repeats: int) -> list[dict]:
                       "same traces": f"{sum(not first_difference(a, b) for a, b in zip(ref[:k], traces[lv][:k]))}/{k}",
                       "runs decodes/s": [round(r["decodes/s"], 2) for r in runs[lv]]})
     workers = AdaFuse(models, CONFIG).start(prompts(1)[0]).trace.workers
-    print(f"simulation: {sleep_ms} ms per forward, AdaFuse B=3, 8 words; workers: {workers}")
+    print(f"simulation: {sleep_ms} ms per forward, AdaFuse B=3, 8 words, packed attention {attention}; "
+          f"workers: {workers}")
     _print(table)
     return table
 
@@ -159,12 +163,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--levels", nargs="+", type=int, default=[1, 8, 32, 64, 128], help="decodes in flight (simulation)")
     p.add_argument("--sleep-ms", type=float, default=5.0, help="the simulated device's time per forward")
+    p.add_argument("--attention", choices=ATTENTION_MODES, default="auto",
+                   help="the packed attention (auto: as the library picks it on this device)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each level, interleaved; medians printed")
     p.add_argument("--json", type=Path, help="write the tables here")
     args = p.parse_args(argv)
     out = {"commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M"), "sleep_ms": args.sleep_ms,
-           "repeats": args.repeats}
-    out["simulation"] = simulate(args.levels, args.sleep_ms, args.repeats)
+           "attention": args.attention, "repeats": args.repeats}
+    out["simulation"] = simulate(args.levels, args.sleep_ms, args.repeats, args.attention)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
