@@ -365,7 +365,6 @@ class Batcher:
                 outs = packed_forward(self.model, batch, self.attention)
             else:
                 outs = [torch.log_softmax(_plain_forward(self.model, r).float(), dim=-1) for r in batch]
-            outs = [_own(o) for o in outs]  # each request's own rows: a view would keep the forward's block alive
             _synchronize(stream, outs)  # the results complete before they are handed back (and the seconds true)
             seconds = time.perf_counter() - t0
         total = sum(r.positions for r in batch)
@@ -376,13 +375,6 @@ class Batcher:
         self.requests += len(batch)
         self.peak_requests = max(self.peak_requests, len(batch))
         self.peak_positions = max(self.peak_positions, total)
-
-
-def _own(logprobs: torch.Tensor) -> torch.Tensor:
-    """`logprobs` as a tensor of its own: a copy where it is a view into a larger block (a request's rows of a packed
-    forward), itself where it is the whole of its storage."""
-    whole = logprobs.untyped_storage().nbytes() == logprobs.numel() * logprobs.element_size()
-    return logprobs if whole else logprobs.clone()
 
 
 def _let_go(exc: BaseException) -> None:

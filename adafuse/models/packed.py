@@ -164,8 +164,9 @@ def restore(cache, state) -> None:
 
 
 def packed_forward(model, batch: list[Request], attention: str = "auto") -> list[torch.Tensor]:
-    """Run the requests as one sequence; returns each request's (rows, kept, V) float32 log-probs (computed here for
-    the whole forward at once: over a large vocabulary they cost as much as a small forward's layers). `attention`:
+    """Run the requests as one sequence; returns each request's (rows, kept, V) float32 log-probs, each its own tensor
+    (a log-softmax per request, the same numbers row by row: one over the whole block then a copy per request moved
+    every row twice). `attention`:
     one call per layer ("one"), a call per request ("loop"), or the cheaper of the two per layer ("auto")."""
     device = _device(model)
     segments, ids, positions, keep, start = [], [], [], [], 0
@@ -187,10 +188,10 @@ def packed_forward(model, batch: list[Request], attention: str = "auto") -> list
                 position_ids=torch.cat(positions)[None].to(device),
                 cache_position=torch.arange(start, device=device), past_key_values=cache, use_cache=True,
                 logits_to_keep=keep_at.to(device), **{RUN: cache})
-    logits, outs, at = torch.log_softmax(out.logits[0].float(), dim=-1), [], 0
-    for s in segments:
+    logits, outs, at = out.logits[0], [], 0
+    for s in segments:  # each request's log-probs a tensor of its own (no copy out of one block afterwards)
         kept = s.length if s.request.keep is None else min(s.request.keep, s.length)
-        outs.append(logits[at: at + s.rows * kept].reshape(s.rows, kept, -1))
+        outs.append(torch.log_softmax(logits[at: at + s.rows * kept].float(), dim=-1).reshape(s.rows, kept, -1))
         at += s.rows * kept
     return outs
 
