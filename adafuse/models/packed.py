@@ -164,10 +164,9 @@ def restore(cache, state) -> None:
 
 
 def packed_forward(model, batch: list[Request], attention: str = "auto") -> list[torch.Tensor]:
-    """Run the requests as one sequence; returns each request's (rows, kept, V) float32 log-probs, each its own tensor
-    (a log-softmax per request, the same numbers row by row: one over the whole block then a copy per request moved
-    every row twice). `attention`:
-    one call per layer ("one"), a call per request ("loop"), or the cheaper of the two per layer ("auto")."""
+    """Run the requests as one sequence; returns each request's (rows, kept, V) float32 log-probs, a tensor of its own
+    (a log-softmax per request: no request's rows keep another's alive, and no copy is needed to part them).
+    `attention`: one call per layer ("one"), a call per request ("loop"), or the cheaper of the two per layer ("auto")."""
     device = _device(model)
     segments, ids, positions, keep, start = [], [], [], [], 0
     for r in batch:
@@ -324,11 +323,10 @@ def _row_mask(segments, lengths, longest: int, window: int | None, device) -> to
     """(R, 1, T, longest) booleans: row r's query t (at position past+t) sees its key j (at past+T-L+j) for j < L, at
     its position or before (and inside the window). Every segment at once (its past, T, L and rows as tensors): a
     handful of operations per forward, not a handful per request (no device sync: the sizes are known here)."""
-    past, fed, held, rows = torch.tensor([[s.past, s.length, n, s.rows] for s, n in zip(segments, lengths)],
-                                         device=device).unbind(1)
-    t = torch.arange(segments[0].length, device=device)  # every segment feeds T (`_rows_call` groups them)
+    fed = segments[0].length  # every segment feeds T tokens (`_rows_call` groups them so)
+    past, held, rows = torch.tensor([[s.past, n, s.rows] for s, n in zip(segments, lengths)], device=device).unbind(1)
     j = torch.arange(longest, device=device)
-    q = (past[:, None] + t[None, :])[:, :, None]  # (S, T, 1) query positions
+    q = (past[:, None] + torch.arange(fed, device=device)[None, :])[:, :, None]  # (S, T, 1) query positions
     k = (past + fed - held)[:, None, None] + j[None, None, :]  # (S, 1, longest) key positions
     visible = (k <= q) & (j[None, None, :] < held[:, None, None])
     if window is not None:
