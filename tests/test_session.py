@@ -111,8 +111,8 @@ def test_a_released_view_holds_no_tensors_and_computes_nothing():
     counters = (s.forward_passes, s.tokens_fed, s.ids, s.text)
     s.release()
     gc.collect()
-    assert kv() is None and s.cache.get_seq_length() == 0 and not s.adoptable
-    assert s.next_logprobs is None and s._verified is None and s._drafts is None
+    assert kv() is None and s.cache.get_seq_length() == 0 and not s.ahead.tensors() and not s.ahead.kept
+    assert s.next_logprobs is None and s.ahead.verified is None and s.ahead.drafts is None
     assert (s.forward_passes, s.tokens_fed, s.ids, s.text) == counters
     with pytest.raises(AssertionError, match="released"):
         s.commit(d.trace.output + " big")

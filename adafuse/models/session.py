@@ -10,6 +10,7 @@ from transformers import DynamicCache
 
 from ..view import Branch
 from ..words import common_prefix
+from .ahead import Ahead, Drafts, row_kv
 from .base import LoadedModel
 from .prefixes import cache_bytes, copy_cache
 from .tokenized import TokenizedView
@@ -38,30 +39,6 @@ class LocalBranch(Branch):
 
     def remember(self, row: int, tokens: list[int], logprobs: torch.Tensor) -> None:
         self.s.remember(tokens, self.cache, row, self.start, logprobs)
-
-
-def _row_kv(cache: DynamicCache, row: int, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, the keys and values of positions start..end-1 of one batch row of a side cache (views)."""
-    return [(layer.keys[row: row + 1, :, start:end], layer.values[row: row + 1, :, start:end]) for layer in cache.layers]
-
-
-class _Drafts:
-    """Draft rows verified in one batched forward (`LocalSession.draft`): which of their tokens `extend` took."""
-
-    def __init__(self, rows: list[list[int]], logprobs: torch.Tensor, cache: DynamicCache, start: int):
-        self.rows, self.logprobs, self.cache, self.start = rows, logprobs, cache, start  # logprobs (N, T, V)
-        self.taken: list[int] = []
-        self.row = 0
-
-    def take(self, token: int) -> torch.Tensor | None:
-        """The (V,) log-probs after the taken tokens + `token` when a row continues that way, else None."""
-        pos = len(self.taken)
-        for i, r in enumerate(self.rows):
-            if len(r) > pos and r[pos] == token and r[:pos] == self.taken:
-                self.taken.append(token)
-                self.row = i
-                return self.logprobs[i, pos]
-        return None
 
 
 def _awake(method):
@@ -101,15 +78,8 @@ class LocalSession(TokenizedView):
             lm.prefixes.store(self.ids, self.cache)
         self.next_logprobs = self.end_logprobs
         self.prefix_reused = reused
-        # token tuples after `ids` whose KV (new positions only) and next-token log-probs a batch already computed
-        self.adoptable: dict[tuple[int, ...], tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]] = {}
-        self._drafts: _Drafts | None = None  # verified drafts `extend` may take tokens from (speculative proposals)
-        self._verified: _Drafts | None = None  # the last verified drafts, read by scoring until the next commit
-        self._pending: list[list[int]] = []  # drafts given, verified when the span's first token is fed
-        # a guess fed with the last catch-up (`commit(y, guess)`): its tokens after `ids`, on the live cache, the
-        # log-probs after each, and how many `extend` has taken
-        self._guessed: tuple[list[int], torch.Tensor] | None = None
-        self._guess_taken = 0
+        # what forwards computed ahead of `ids` (a guess, drafts, KV to adopt): good until the next commit
+        self.ahead = Ahead()
         lm.idle.add(self)
 
     # ---- forward passes ----
@@ -135,94 +105,66 @@ class LocalSession(TokenizedView):
 
     @_awake
     def extend(self, token: int) -> torch.Tensor:
-        if self._guessed is not None:
-            tokens, logprobs = self._guessed
-            k = self._guess_taken
-            if k < len(tokens) and tokens[k] == token:  # the catch-up's forward already fed this token: no forward
-                self._guess_taken += 1
-                self.accepted_tokens += 1
-                self.end_logprobs = logprobs[k]
-                return self.end_logprobs
-            self._drop_guess()
-        if self._pending:  # drafts wait for the first token fed: a span whose first token is never fed verifies nothing
-            rows, self._pending = self._pending, []
-            if any(len(r) >= 2 and r[0] == token for r in rows):
-                self._verify(rows)
-        if self._drafts is not None:
-            logprobs = self._drafts.take(token)
-            if logprobs is not None:  # a verified draft continues with this token: no forward
-                self.accepted_tokens += 1
-                self.end_logprobs = logprobs
-                return logprobs
-            self.settle()  # the drafts end here: adopt what was taken, then go on alone
+        logprobs = self.ahead.take(token, self._verify)
+        if logprobs is not None:  # the catch-up's guess or a verified draft continues with this token: no forward
+            self.accepted_tokens += 1
+            self.end_logprobs = logprobs
+            return logprobs
+        self.settle()  # what was taken joins the live cache, the rest is dropped; then on alone
         self.end_logprobs = self._feed([token])[-1]
         return self.end_logprobs
 
     @_awake
     def draft(self, rows: list[list[int]]) -> int:
         rows = [list(r) for r in rows if r]
-        if not rows or len(self.cached_ids) != len(self.ids) or self._drafts is not None:
+        if not rows or len(self.cached_ids) != len(self.ids) or self.ahead.drafts is not None:
             return 0
         # as many rows as one scoring batch may hold (logits, prefix copies), in the caller's order
-        self._pending = rows[: self._rows_per_batch(len(self.ids), max(len(r) for r in rows))]
-        return sum(len(r) for r in self._pending)
+        rows = rows[: self._rows_per_batch(len(self.ids), max(len(r) for r in rows))]
+        self.ahead.offer_drafts(rows)
+        return sum(len(r) for r in rows)
 
     @torch.inference_mode()
-    def _verify(self, rows: list[list[int]]) -> None:
+    def _verify(self, rows: list[list[int]]) -> Drafts:
         """The one batched forward of the drafts on a copy of the committed prefix."""
         cache, logprobs = self._batch(len(self.ids), rows)
-        self._drafts = self._verified = _Drafts(rows, logprobs, cache, len(self.ids))
         self.verify_passes += 1
         self.draft_tokens += sum(len(r) for r in rows)
+        return Drafts(rows, logprobs, cache, len(self.ids))
 
     @_awake
     def verified(self, tokens: list[int]) -> torch.Tensor | None:
-        v = self._verified
-        if v is None or v.start != len(self.ids):
+        hit = self.ahead.verified_rows(len(self.ids), tokens)
+        if hit is None:
             return None
-        n = len(tokens)
-        for i, r in enumerate(v.rows):
-            if len(r) >= n and r[:n] == tokens:
-                self.remember(tokens, v.cache, i, v.start, v.logprobs[i, n - 1])
-                return v.logprobs[i, :n]
-        return None
-
-    def _drop_guess(self) -> None:
-        """Forget the guess's tokens not taken (cropped from the live cache)."""
-        if self._guessed is None:
-            return
-        keep = len(self.ids) + self._guess_taken
-        if len(self.cached_ids) > keep:
-            self.cache.crop(keep)
-            self.cached_ids = self.cached_ids[:keep]
-        if not self._guess_taken:
-            self.end_logprobs = self.next_logprobs
-        self._guessed, self._guess_taken = None, 0
+        v, row, logprobs = hit
+        self.remember(tokens, v.cache, row, v.start, v.logprobs[row, len(tokens) - 1])
+        return logprobs
 
     @_awake
     def settle(self) -> None:
-        self._drop_guess()
-        self._pending = []
-        d, self._drafts = self._drafts, None
-        if d is None or not d.taken:
-            return
-        self._append(_row_kv(d.cache, d.row, d.start, d.start + len(d.taken)))  # the taken tokens join the live cache
-        self.cached_ids = self.cached_ids + d.taken
+        guess, kv, taken = self.ahead.settle()
+        if guess is not None:  # the guess's tokens not taken leave the live cache
+            keep = len(self.ids) + guess.taken
+            if len(self.cached_ids) > keep:
+                self.cache.crop(keep)
+                self.cached_ids = self.cached_ids[:keep]
+            if not guess.taken:
+                self.end_logprobs = self.next_logprobs
+        if taken:  # the tokens taken from drafts join the live cache
+            self._append(kv)
+            self.cached_ids = self.cached_ids + taken
 
     @_awake
     def rewind(self) -> None:
-        self._pending = []
-        if self._guessed is not None:  # a guess stays where the catch-up fed it (the live cache: ids + its tokens)
-            self._guess_taken = 0
-            self.end_logprobs = self._guessed[1][-1]
+        after_guess = self.ahead.rewind()
+        if after_guess is not None:  # a guess stays where the catch-up fed it (the live cache: ids + its tokens)
+            self.end_logprobs = after_guess
             return
-        if self._drafts is not None:  # tokens taken from drafts are dropped with them
-            self._drafts = None
-            self.end_logprobs = self.next_logprobs
-        if len(self.cached_ids) > len(self.ids):
+        if len(self.cached_ids) > len(self.ids):  # tokens of our own span, fed on the live cache
             self.cache.crop(len(self.ids))
             self.cached_ids = self.cached_ids[: len(self.ids)]
-            self.end_logprobs = self.next_logprobs
+        self.end_logprobs = self.next_logprobs
 
     @_awake
     def commit(self, y: str, guess: str = "") -> None:
@@ -234,10 +176,12 @@ class LocalSession(TokenizedView):
         new = self.encode(y)
         lcp = common_prefix(self.cached_ids, new)
         tail = tuple(new[len(self.ids):]) if new[: len(self.ids)] == self.ids else None
+        adopted = self.ahead.adopt(tail) if tail is not None else None
+        self.ahead.drop()  # all of it was ahead of the old ids
         if lcp == len(new) == len(self.cached_ids):
             self.next_logprobs = self.end_logprobs  # our own speculative tokens were exactly this text
-        elif tail in self.adoptable:  # a batch row already holds this text: append its KV, no forward
-            kv, logprobs = self.adoptable[tail]
+        elif adopted is not None:  # a batch row already holds this text: append its KV, no forward
+            kv, logprobs = adopted
             self.rewind()
             self._append(kv)
             self.cached_ids = self.ids + list(tail)
@@ -250,13 +194,11 @@ class LocalSession(TokenizedView):
             logprobs = self._feed(new[keep:] + extra, 1 + len(extra))
             self.end_logprobs = self.next_logprobs = logprobs[0]
             if extra:  # the guess stays on the live cache as speculative tokens until `extend` takes or drops them
-                self._guessed, self._guess_taken = (extra, logprobs[1:]), 0
+                self.ahead.offer_guess(extra, logprobs[1:])
                 self.draft_tokens += len(extra)
                 self.end_logprobs = logprobs[-1]
         self.ids = new
         self.text = y
-        self.adoptable = {}
-        self._verified = None
         self._move_anchor()
 
     def _guess_tokens(self, y: str, guess: str, new: list[int]) -> list[int]:
@@ -267,10 +209,8 @@ class LocalSession(TokenizedView):
 
     def remember(self, tokens: list[int], cache: DynamicCache, row: int, start: int, logprobs: torch.Tensor) -> None:
         """Keep the KV of `tokens` (fed after ids[:start] in `row` of a side cache) for a later commit."""
-        if start != len(self.ids):
-            return
-        self.adoptable[tuple(tokens)] = ([(k.clone(), v.clone()) for k, v in
-                                          _row_kv(cache, row, start, start + len(tokens))], logprobs)
+        if start == len(self.ids):
+            self.ahead.offer_kv(tokens, row_kv(cache, row, start, start + len(tokens)), logprobs)
 
     def _append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Append per-layer (keys, values) of new positions to the live cache."""
@@ -347,9 +287,9 @@ class LocalSession(TokenizedView):
         if not self._lock.acquire(blocking=wait):
             return None
         try:
-            tensors = [t for d in (self, self._drafts, self._verified) if d is not None for layer in d.cache.layers
+            tensors = [t for layer in self.cache.layers
                        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None]
-            tensors += [t for kv, _ in self.adoptable.values() for pair in kv for t in pair]
+            tensors += self.ahead.tensors()
             shared = self.lm.prefixes.storages()
             held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
             return sum(n for ptr, n in held.items() if ptr not in shared)
@@ -363,10 +303,10 @@ class LocalSession(TokenizedView):
         if not self._lock.acquire(blocking=False):
             return False
         try:
-            if self.released or self.parked or self._drafts is not None or self._guess_taken:
+            if self.released or self.parked or self.ahead.taking:
                 return False
             self.cache, self.cached_ids = DynamicCache(), []
-            self.adoptable, self._verified, self._pending, self._guessed = {}, None, [], None
+            self.ahead.drop()
             self.end_logprobs = self.next_logprobs
             self.parked = True
             return True
@@ -388,6 +328,5 @@ class LocalSession(TokenizedView):
         with self._lock:
             self.released = True
             self.cache, self.cached_ids = DynamicCache(), []
-            self.adoptable, self._drafts, self._verified, self._pending = {}, None, None, []
-            self._guessed, self._guess_taken = None, 0
+            self.ahead.drop()
             self.next_logprobs = self.end_logprobs = None
