@@ -76,8 +76,8 @@ def draft_rows(s: ModelView, drafts: Sequence[str], first: int, cap: int,
     scores (`ModelView.verified`); a guess is kept only where it can save a forward (it starts with that token and runs
     past it). None at all when no row can save a forward."""
     rows: list[tuple[int, ...]] = []
-    for text, guess in [(t, False) for t in drafts] + [(t, True) for t in guesses]:
-        ids = s.encode(s.text + text)
+    items = [(t, False) for t in drafts] + [(t, True) for t in guesses]
+    for (text, guess), ids in zip(items, s.encode_many([s.text + t for t, _ in items])):
         if ids[: len(s.ids)] != s.ids:  # the draft's first token merges with the committed text
             continue
         row = tuple(ids[len(s.ids):][:cap])

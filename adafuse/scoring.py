@@ -44,9 +44,18 @@ class Placement:
 
 def place(s: ModelView, text: str, eos: bool) -> Placement:
     """Where (text, eos) sits after the committed text of `s` (the one rule for scoring and its explanation)."""
-    new = s.encode(s.text + text) if text else list(s.ids)
-    lcp = common_prefix(s.ids, new)
-    return Placement(new + ([END_MARK] if eos else []), max(lcp, 1), lcp == len(s.ids))
+    return place_all(s, [(text, eos)])[0]
+
+
+def place_all(s: ModelView, cands: list[tuple[str, bool]]) -> list[Placement]:
+    """`place` of every (text, eos) candidate, their texts tokenized in one call."""
+    encoded = iter(s.encode_many([s.text + text for text, _ in cands if text]))
+    placed = []
+    for text, eos in cands:
+        new = next(encoded) if text else list(s.ids)
+        lcp = common_prefix(s.ids, new)
+        placed.append(Placement(new + ([END_MARK] if eos else []), max(lcp, 1), lcp == len(s.ids)))
+    return placed
 
 
 def feed_from(n_ids: int, forwarded: list[list[int]]) -> int:
@@ -127,7 +136,7 @@ def _logprobs(s: ModelView, cands: list[tuple[str, bool]], own: dict[int, Propos
     """Per candidate: the log-prob of each of its tokens in context from its first scored position (the end marker
     last: every end token together), its token sequence, that first position, and whether it is aligned with y."""
     n_ids = len(s.ids)
-    placed = [place(s, text, eos) for text, eos in cands]
+    placed = place_all(s, cands)
     seqs, starts, aligned = [pl.seq for pl in placed], [pl.start for pl in placed], [pl.aligned for pl in placed]
     logps: list[list[float] | None] = [None] * len(cands)
     for i, p in own.items():

@@ -69,6 +69,10 @@ class ModelView(ABC):
     def encode(self, y: str) -> list[int]:
         """Token ids of render(prompt) + y, exactly as tokenizing the whole text would give."""
 
+    def encode_many(self, ys: list[str]) -> list[list[int]]:
+        """`encode` of each text (a view may tokenize them in one call: a round's candidates, one list)."""
+        return [self.encode(y) for y in ys]
+
     @abstractmethod
     def length(self, y: str) -> int:
         """How many tokens render(prompt) + y is (`len(encode(y))`), read from the rendered prompt and `y` alone, not

@@ -298,7 +298,7 @@ def test_text_is_appended_byte_for_byte_without_clean_up(pair):
 
 @RELAXED
 @given(text=TEXTS, cuts=st.lists(st.integers(1, 8), min_size=1, max_size=12))
-def test_tokenizing_from_the_anchor_equals_the_full_tokenization(views, text, cuts, monkeypatch):
+def test_tokenizing_from_the_anchor_equals_the_full_tokenization_one_text_or_many(views, text, cuts, monkeypatch):
     monkeypatch.setattr(session_module, "ANCHOR_EVERY", 3)  # move the anchor often
     for s in views:
         s.text, s.anchor_char, s.anchor_tok = "", 0, 0
@@ -309,6 +309,9 @@ def test_tokenizing_from_the_anchor_equals_the_full_tokenization(views, text, cu
                 break
             y = text[: len(y) + n]
             assert s.encode(y) == s._full(y), (s.name, y, s.anchor_char)
+            if s.text:  # a round's candidates after the committed text, tokenized in one call
+                ahead = [y, y + " the", s.text + text[len(s.text): len(s.text) + 2], text, s.text[:-1]]
+                assert s.encode_many(ahead) == [s._full(c) for c in ahead], (s.name, ahead, s.anchor_char)
             s.ids, s.text = s._full(y), y
             s._move_anchor()
         # long texts: the anchor does move

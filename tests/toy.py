@@ -49,7 +49,9 @@ class ToyTokenizer:
             i += len(best)
         return ids
 
-    def __call__(self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False):
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True, return_offsets_mapping: bool = False):
+        if isinstance(text, list):  # a batch, as Hugging Face tokenizers take one
+            return SimpleNamespace(input_ids=[self(t, add_special_tokens).input_ids for t in text])
         ids = self.encode_text(text)
         offsets, pos = [], 0
         for i in ids:

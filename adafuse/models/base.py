@@ -90,6 +90,14 @@ class LoadedModel(ABC):
                 return self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
             return self.tokenizer(text, add_special_tokens=False).input_ids
 
+    def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        """`tokenize` of each text, in one call of the tokenizer (the same ids: a fast tokenizer encodes one text as
+        a batch of one)."""
+        if not texts:
+            return []
+        with self.tokenizer_lock:
+            return self.tokenizer(list(texts), add_special_tokens=False).input_ids
+
     def check_fits(self, prompt_tokens: int) -> None:
         """Raise PromptError when a prompt of this many tokens leaves no room in the context window."""
         if self.max_positions and prompt_tokens >= self.max_positions:

@@ -47,20 +47,30 @@ class TokenizedView(ModelView):
         return self.lm.tokenize(text)
 
     def _full(self, y: str) -> list[int]:
-        ids = self._tokenize(self.prefix_text + y)
-        return [self.lm.tokenizer.bos_token_id] + ids if self.lm.add_bos else ids
+        return self._bos() + self._tokenize(self.prefix_text + y)
+
+    def _bos(self) -> list[int]:
+        return [self.lm.tokenizer.bos_token_id] if self.lm.add_bos else []
 
     def encode(self, y: str) -> list[int]:
         """Token ids of render(prompt) + y, tokenized jointly as a fresh encoding would (from the anchor)."""
+        return self.encode_many([y])[0]
+
+    def encode_many(self, ys: list[str]) -> list[list[int]]:
+        """`encode` of each text, the tokenizer called once for all of them."""
         t0 = time.perf_counter()
-        full_len = len(self.prefix_text)
-        a = self.anchor_char - full_len  # the anchor's position inside y (negative: inside the prompt)
-        if self.anchor_tok and a >= 0 and y.startswith(self.text[:a]):
-            ids = self.ids[: self.anchor_tok] + self._tokenize(y[a:])
-        elif self.anchor_tok and a < 0:
-            ids = self.ids[: self.anchor_tok] + self._tokenize(self.prefix_text[self.anchor_char:] + y)
-        else:
-            ids = self._full(y)
+        a = self.anchor_char - len(self.prefix_text)  # the anchor's position inside y (negative: inside the prompt)
+        heads, texts = [], []  # per text: the ids before the part tokenized, and that part
+        for y in ys:
+            if self.anchor_tok and a >= 0 and y.startswith(self.text[:a]):
+                head, text = self.ids[: self.anchor_tok], y[a:]
+            elif self.anchor_tok and a < 0:
+                head, text = self.ids[: self.anchor_tok], self.prefix_text[self.anchor_char:] + y
+            else:
+                head, text = self._bos(), self.prefix_text + y
+            heads.append(head)
+            texts.append(text)
+        ids = [head + tail for head, tail in zip(heads, self.lm.tokenize_many(texts))]
         self.tokenizer_seconds += time.perf_counter() - t0
         return ids
 
