@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from adafuse.models.ahead import Ahead, Drafts
+from adafuse.models.ahead import Ahead, Drafts, row_kv
 
 V = 5
 
@@ -85,3 +85,11 @@ def test_scoring_reads_the_last_verified_rows_by_prefix_until_the_ids_move():
     v, row, logprobs = ahead.verified_rows(3, [1, 2])
     assert row == 0 and torch.equal(logprobs, v.logprobs[0, :2])
     assert ahead.verified_rows(4, [1, 2]) is None and ahead.verified_rows(3, [2]) is None
+
+
+def test_several_rows_kv_is_one_copy_per_layer_holding_each_row_in_order():
+    cache = side_cache(3, 6)  # rows 0..2 hold 0-5, 6-11, 12-17
+    (k, v), = row_kv(cache, [2, 0], 3, 5)
+    assert k.shape == (2, 1, 2, 1) and k.flatten().tolist() == [15, 16, 3, 4] and torch.equal(v, -k)
+    cache.layers[0].keys.zero_()
+    assert k.flatten().tolist() == [15, 16, 3, 4]  # a copy, not a view of the side cache

@@ -24,8 +24,19 @@ from transformers import DynamicCache
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer, (keys, values) of some positions
 
 
-def row_kv(cache: DynamicCache, row: int, start: int, end: int) -> KV:
-    """Per layer, the keys and values of positions start..end-1 of one batch row of a side cache (views)."""
+def row_kv(cache: DynamicCache, row: int | list[int], start: int, end: int) -> KV:
+    """Per layer, the keys and values of positions start..end-1 of one batch row of a side cache (views), or of
+    several rows (a list: copies, one per layer and tensor for all of them, in the list's order)."""
+    if isinstance(row, list):
+        indexes: dict[torch.device, torch.Tensor] = {}  # a model split over devices: the rows' index on each
+        out = []
+        for layer in cache.layers:
+            index = indexes.get(layer.keys.device)
+            if index is None:
+                index = indexes[layer.keys.device] = torch.tensor(row, device=layer.keys.device)
+            out.append((layer.keys[:, :, start:end].index_select(0, index),
+                        layer.values[:, :, start:end].index_select(0, index)))
+        return out
     return [(layer.keys[row: row + 1, :, start:end], layer.values[row: row + 1, :, start:end]) for layer in cache.layers]
 
 
@@ -88,9 +99,10 @@ class Ahead:
         assert self.guess is None and self.drafts is None
         self.pending = rows
 
-    def offer_kv(self, tokens: list[int], kv: KV, logprobs: torch.Tensor) -> None:
-        """Keep `kv` (views into a side cache: copied here) of `tokens` after the committed ids for a later commit."""
-        self.kept[tuple(tokens)] = ([(k.clone(), v.clone()) for k, v in kv], logprobs)
+    def offer_kv(self, tokens: list[int], kv: KV, logprobs: torch.Tensor, copied: bool = False) -> None:
+        """Keep `kv` of `tokens` after the committed ids for a later commit: views into a side cache are copied here
+        (so they do not keep the whole side cache); `copied`: they are views into a copy made for the kept rows."""
+        self.kept[tuple(tokens)] = (kv if copied else [(k.clone(), v.clone()) for k, v in kv], logprobs)
 
     # ---- take ----
     @property

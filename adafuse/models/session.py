@@ -256,9 +256,14 @@ class LocalSession(TokenizedView):
 
     def _score_chunk(self, start: int, rows: list[list[int]], flags: list[bool]) -> list[torch.Tensor]:
         cache, logp = self._batch(start, rows)
-        for i, r in enumerate(rows):
-            if flags[i]:
-                self.remember(r, cache, i, start, logp[i, len(r) - 1])
+        kept = [i for i, flag in enumerate(flags) if flag]
+        if kept and start == len(self.ids):  # the flagged rows' KV, copied in one operation per layer for them all
+            width = max(len(rows[i]) for i in kept)
+            copy = row_kv(cache, kept, start, start + width)  # per layer (len(kept), heads, width, dim), copies
+            for j, i in enumerate(kept):
+                n = len(rows[i])
+                self.ahead.offer_kv(rows[i], [(k[j: j + 1, :, :n], v[j: j + 1, :, :n]) for k, v in copy],
+                                    logp[i, n - 1], copied=True)
         return [logp[i, : len(r)] for i, r in enumerate(rows)]
 
     def kv_bytes_per_token(self) -> int:
