@@ -8,7 +8,7 @@ import torch
 
 from .selection import select_first_tokens
 from .view import ModelView
-from .writer import BOUNDARY, END, FULL, STRADDLE, UTF8_SLACK, Word, best_token, margin, sample_token, token_index
+from .writer import BOUNDARY, END, FULL, STRADDLE, UTF8_SLACK, Word, best_token, best_tokens, margin, sample_token, token_index
 
 
 @dataclass
@@ -110,8 +110,8 @@ def explore(s: ModelView, branches: int, top_k: int, max_word_tokens: int, strat
     while rows:
         logp = branch.step([w.tokens[-1] for w in rows])  # (N, V)
         keep = []
-        for i, w in enumerate(rows):
-            if w.offer(best_token(s, logp[i]), logp[i]):
+        for i, (w, t) in enumerate(zip(rows, best_tokens(s, logp))):
+            if w.offer(t, logp[i]):
                 keep.append(i)
                 continue
             done.append(w)

@@ -40,12 +40,19 @@ def end_logprob_rows(view: ModelView, logprobs: torch.Tensor) -> torch.Tensor:
 
 def best_token(view: ModelView, logprobs: torch.Tensor) -> int:
     """The most likely token that may be proposed (special tokens other than end tokens are never proposed)."""
-    t = int(logprobs.argmax())
-    if t not in view.banned_ids:
-        return t
-    masked = logprobs.clone()
-    masked[token_index(view, "banned_ids")] = float("-inf")
-    return int(masked.argmax())
+    return best_tokens(view, logprobs[None])[0]
+
+
+def best_tokens(view: ModelView, logprobs: torch.Tensor) -> list[int]:
+    """`best_token` of each row of (N, V) `logprobs`, read back in one transfer (a row whose best is banned: again
+    without the banned tokens)."""
+    picked = logprobs.argmax(dim=-1).tolist()  # (N,)
+    for i, t in enumerate(picked):
+        if t in view.banned_ids:
+            masked = logprobs[i].clone()  # (V,)
+            masked[token_index(view, "banned_ids")] = float("-inf")
+            picked[i] = int(masked.argmax())
+    return picked
 
 
 def sample_token(view: ModelView, logprobs: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
