@@ -8,7 +8,8 @@ import torch
 
 from .selection import select_first_tokens
 from .view import ModelView
-from .writer import BOUNDARY, END, FULL, STRADDLE, UTF8_SLACK, Word, best_token, best_tokens, margin, sample_token, token_index
+from .writer import (BOUNDARY, END, FULL, STRADDLE, UTF8_SLACK, Word, best_token, best_tokens, margin, sample_token,
+                     token_index)
 
 
 @dataclass

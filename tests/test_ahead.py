@@ -1,10 +1,10 @@
-"""What a view holds ahead of its committed ids (adafuse/models/ahead.py): a guess, pending and verified drafts, kept KV,
-behind one object; each offered, taken, adopted and dropped by its rule."""
+"""What a view holds ahead of its committed ids (adafuse/models/ahead.py): a guess, pending and verified drafts,
+kept KV, behind one object; each offered, taken, adopted and dropped by its rule."""
 import pytest
 import torch
 from transformers import DynamicCache
 
-from adafuse.models.ahead import Ahead, Drafts, row_kv
+from adafuse.models.ahead import Ahead, Drafts, rows_kv
 
 V = 5
 
@@ -35,7 +35,7 @@ def test_pending_drafts_are_verified_once_by_the_first_token_of_their_span_then_
     assert ahead.take(9, verifier(calls)) is None and len(calls) == 1 and ahead.taking
     guess, kv, taken = ahead.settle()
     assert guess is None and taken == [1, 4] and not ahead.taking
-    (k, v), = kv  # row 1 (6 positions from 6) at positions 3 and 4, after the 3 committed
+    (k, v), = kv  # row 1 holds 6..11 at positions 0..5: its positions 3 and 4, after the 3 committed
     assert k.flatten().tolist() == [9, 10] and torch.equal(v, -k)
 
 
@@ -66,15 +66,23 @@ def test_drafts_cannot_be_offered_over_a_guess():
         ahead.offer_drafts([[1, 2]])
 
 
-def test_kept_kv_is_a_copy_adopted_by_its_exact_tokens_and_dropped_with_the_rest():
+def test_kept_kv_is_adopted_by_its_exact_tokens_and_dropped_with_the_rest():
     ahead, cache = Ahead(), side_cache(2, 5)
-    ahead.offer_kv([4, 5], [(cache.layers[0].keys[1:2, :, 3:5], cache.layers[0].values[1:2, :, 3:5])], torch.ones(V))
-    cache.layers[0].keys.zero_()  # the side cache is reused: the kept copy is not
-    (k, _), = ahead.adopt((4, 5))[0]
-    assert k.flatten().tolist() == [8, 9] and ahead.adopt((4,)) is None
+    kv = rows_kv(cache, [1], 3, 5)
+    ahead.offer_kv([4, 5], kv, torch.ones(V))
+    assert ahead.adopt((4, 5))[0] is kv and ahead.adopt((4,)) is None
     assert len(ahead.tensors()) == 2
     ahead.drop()
     assert ahead.adopt((4, 5)) is None and ahead.tensors() == []
+
+
+def test_rewinding_drops_drafts_and_what_was_taken_from_them():
+    ahead = Ahead()
+    ahead.offer_drafts([[1, 2]])
+    ahead.take(1, verifier([]))
+    assert ahead.rewind() is None and ahead.drafts is None and not ahead.taking
+    assert ahead.settle() == (None, [], [])
+    assert ahead.verified is not None  # scoring still reads the verified rows until the next commit
 
 
 def test_scoring_reads_the_last_verified_rows_by_prefix_until_the_ids_move():
@@ -89,7 +97,7 @@ def test_scoring_reads_the_last_verified_rows_by_prefix_until_the_ids_move():
 
 def test_several_rows_kv_is_one_copy_per_layer_holding_each_row_in_order():
     cache = side_cache(3, 6)  # rows 0..2 hold 0-5, 6-11, 12-17
-    (k, v), = row_kv(cache, [2, 0], 3, 5)
+    (k, v), = rows_kv(cache, [2, 0], 3, 5)
     assert k.shape == (2, 1, 2, 1) and k.flatten().tolist() == [15, 16, 3, 4] and torch.equal(v, -k)
     cache.layers[0].keys.zero_()
     assert k.flatten().tolist() == [15, 16, 3, 4]  # a copy, not a view of the side cache

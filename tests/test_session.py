@@ -69,6 +69,28 @@ def test_decodes_starting_together_prefill_their_shared_prefix_once():
     assert torch.allclose(views["y"].next_logprobs, fresh.next_logprobs)
 
 
+def test_scoring_keeps_the_kv_of_exactly_its_flagged_rows_each_its_own_positions():
+    s = LocalSession(toy_model("a", V, A_RULES), "Q")
+    ix = s.lm.tokenizer.index
+    rows = [[ix[" Paris"], ix[" is"], ix[" big"]], [ix[" London"]], [ix[" Paris"]], [ix[" London"], ix[" is"]],
+            [ix[" big"]]]
+    out = s.score_rows(len(s.ids), rows, [True, False, True, True, True])
+    assert sorted(s.ahead.kept) == sorted(tuple(r) for i, r in enumerate(rows) if i != 1)
+    for i, r in enumerate(rows):
+        if i == 1:
+            continue
+        kv, logprobs = s.ahead.adopt(tuple(r))
+        (k, v), = kv  # the toy model's cache holds the token ids themselves: (1, 1, len(r), 1)
+        assert k.shape == (1, 1, len(r), 1) and k.flatten().long().tolist() == r and torch.equal(v, k)
+        assert torch.equal(logprobs, out[i][-1])
+    # a commit of a kept row's text adopts it: no forward, the same state as feeding it
+    calls = s.lm.model.calls
+    s.commit(" Paris is big")
+    assert s.lm.model.calls == calls and s.cached_ids == s.ids
+    fresh = LocalSession(toy_model("a", V, A_RULES), "Q Paris is big")
+    assert s.ids == fresh.ids and torch.allclose(s.next_logprobs, fresh.next_logprobs)
+
+
 def test_commit_adopts_kv_already_computed_instead_of_feeding_again():
     d, r = first_round(DecodeConfig(tau=0.7, branches=3))
     loser = next(i for i, c in enumerate(r.candidates) if c.proposers == ["b"] and c.text == " London")

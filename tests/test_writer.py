@@ -32,9 +32,12 @@ def test_words_are_byte_exact_and_never_end_inside_a_character(views, text, cap)
 
 def test_best_tokens_of_rows_are_each_rows_best_token_banned_ones_skipped():
     view = SimpleNamespace(banned_ids={1}, token_indexes={}, next_logprobs=torch.zeros(4))
-    logprobs = torch.log_softmax(torch.tensor([[0.0, 5.0, 4.0, 1.0],    # best is banned: the next one
-                                               [3.0, 1.0, 3.0, 0.0],    # a tie: the first
-                                               [0.0, 0.0, 0.0, 9.0]]), dim=-1)  # (N, V)
-    assert best_tokens(view, logprobs) == [2, 0, 3]
-    assert [best_token(view, row) for row in logprobs] == [2, 0, 3]
+    logprobs = torch.log_softmax(torch.tensor([[3.0, 1.0, 3.0, 0.0],    # a tie: the first
+                                               [0.0, 5.0, 4.0, 1.0],    # best is banned: the next one
+                                               [0.0, 0.0, 0.0, 9.0],
+                                               [0.0, 6.0, 0.0, 0.5]]), dim=-1)  # (N, V)
+    before = logprobs.clone()
+    assert best_tokens(view, logprobs) == [0, 2, 3, 3]
+    assert [best_token(view, row) for row in logprobs] == [0, 2, 3, 3]
+    assert torch.equal(logprobs, before)  # nothing masked in place
     assert best_tokens(view, logprobs[:0]) == []

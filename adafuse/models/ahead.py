@@ -24,20 +24,24 @@ from transformers import DynamicCache
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer, (keys, values) of some positions
 
 
-def row_kv(cache: DynamicCache, row: int | list[int], start: int, end: int) -> KV:
-    """Per layer, the keys and values of positions start..end-1 of one batch row of a side cache (views), or of
-    several rows (a list: copies, one per layer and tensor for all of them, in the list's order)."""
-    if isinstance(row, list):
-        indexes: dict[torch.device, torch.Tensor] = {}  # a model split over devices: the rows' index on each
-        out = []
-        for layer in cache.layers:
-            index = indexes.get(layer.keys.device)
-            if index is None:
-                index = indexes[layer.keys.device] = torch.tensor(row, device=layer.keys.device)
-            out.append((layer.keys[:, :, start:end].index_select(0, index),
-                        layer.values[:, :, start:end].index_select(0, index)))
-        return out
-    return [(layer.keys[row: row + 1, :, start:end], layer.values[row: row + 1, :, start:end]) for layer in cache.layers]
+def row_kv(cache: DynamicCache, row: int, start: int, end: int) -> KV:
+    """Per layer, the keys and values of positions start..end-1 of one batch row of a side cache (views)."""
+    return [(layer.keys[row: row + 1, :, start:end], layer.values[row: row + 1, :, start:end])
+            for layer in cache.layers]
+
+
+def rows_kv(cache: DynamicCache, rows: list[int], start: int, end: int) -> KV:
+    """Per layer, copies of the keys and values of positions start..end-1 of several batch rows of a side cache, in
+    the order given: (len(rows), heads, end - start, dim) each, one copy per layer and tensor for all the rows."""
+    indexes: dict[torch.device, torch.Tensor] = {}  # a model split over devices: the rows' index on each
+    out = []
+    for layer in cache.layers:
+        index = indexes.get(layer.keys.device)
+        if index is None:
+            index = indexes[layer.keys.device] = torch.tensor(rows, device=layer.keys.device)
+        out.append((layer.keys[:, :, start:end].index_select(0, index),
+                    layer.values[:, :, start:end].index_select(0, index)))
+    return out
 
 
 class Drafts:
@@ -82,7 +86,8 @@ class Guess:
 
 
 class Ahead:
-    """The speculative stores of one view (see the module doc): offer_*, take, verified, adopt, settle, rewind, drop."""
+    """The speculative stores of one view (see the module doc): offer_*, take, verified_rows, adopt, settle, rewind,
+    drop."""
 
     def __init__(self):
         self.guess: Guess | None = None
@@ -93,16 +98,17 @@ class Ahead:
 
     # ---- offer ----
     def offer_guess(self, tokens: list[int], logprobs: torch.Tensor) -> None:
+        assert not self.pending and self.drafts is None
         self.guess = Guess(tokens, logprobs)
 
     def offer_drafts(self, rows: list[list[int]]) -> None:
         assert self.guess is None and self.drafts is None
         self.pending = rows
 
-    def offer_kv(self, tokens: list[int], kv: KV, logprobs: torch.Tensor, copied: bool = False) -> None:
-        """Keep `kv` of `tokens` after the committed ids for a later commit: views into a side cache are copied here
-        (so they do not keep the whole side cache); `copied`: they are views into a copy made for the kept rows."""
-        self.kept[tuple(tokens)] = (kv if copied else [(k.clone(), v.clone()) for k, v in kv], logprobs)
+    def offer_kv(self, tokens: list[int], kv: KV, logprobs: torch.Tensor) -> None:
+        """Keep `kv` of `tokens` after the committed ids, and the log-probs after them, for a later commit. `kv` is a
+        copy (`rows_kv`), never a view into a side cache, which it would keep alive whole."""
+        self.kept[tuple(tokens)] = (kv, logprobs)
 
     # ---- take ----
     @property
@@ -129,7 +135,7 @@ class Ahead:
         return (v, *hit) if hit else None
 
     def adopt(self, tokens: tuple[int, ...]) -> tuple[KV, torch.Tensor] | None:
-        """The kept KV and next-token log-probs of exactly `tokens` after the committed ids, if a batch computed them."""
+        """The kept KV and next-token log-probs of exactly `tokens` after the committed ids, if a batch made them."""
         return self.kept.get(tokens)
 
     # ---- end ----
@@ -144,8 +150,8 @@ class Ahead:
         return guess, row_kv(d.cache, d.row, d.start, d.start + len(d.taken)), d.taken
 
     def rewind(self) -> torch.Tensor | None:
-        """Untake what was taken: the guess stays (where the catch-up fed it) with nothing taken, and the log-probs after
-        its last token are returned; drafts and what was taken from them are dropped."""
+        """Untake what was taken: the guess stays (where the catch-up fed it) with nothing taken, and the log-probs
+        after its last token are returned; drafts and what was taken from them are dropped."""
         self.pending = []
         if self.guess is not None:
             self.guess.taken = 0

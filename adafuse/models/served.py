@@ -130,7 +130,7 @@ class ServedModel(LoadedModel):
             ahead: int = 1) -> list[torch.Tensor]:
         """For each context, a (V,) log-prob vector after it: the server's top-k (`wanted` None) or exactly the
         log-probs of the `wanted` tokens; every other entry -inf. A top-k request generates `ahead` greedy tokens:
-        the distributions along that continuation are kept in `view.ahead`, so following it costs no request; the
+        the distributions along that continuation are kept in `view.fetched`, so following it costs no request; the
         requests are charged to `view`."""
         payloads, owner = [], []
         for k, (ctx, want) in enumerate(zip(contexts, wanted)):
@@ -159,7 +159,7 @@ class ServedModel(LoadedModel):
                 ctx = list(p["prompt"])
                 for j in range(1, len(vecs)):
                     ctx.append(generated[j - 1])
-                    view.ahead[tuple(ctx)] = vecs[j]
+                    view.fetched[tuple(ctx)] = vecs[j]
             usage = a.get("usage") or {}
             fed += usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
             cached += ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
@@ -255,14 +255,14 @@ class ServedSession(TokenizedView):
         super().__init__(lm, prompt, mode, stop, system, thinking, history)
         self.cached = 0  # prompt tokens the server reported from its prefix cache
         self.spec: list[int] = []
-        self.ahead: dict[tuple[int, ...], torch.Tensor] = {}  # distributions along greedy continuations fetched
+        self.fetched: dict[tuple[int, ...], torch.Tensor] = {}  # distributions along greedy continuations fetched
         self.next_logprobs = self.end_logprobs = self.after([self.ids])[0]
         self.prefix_reused = self.cached  # prompt tokens the server's prefix cache already held
         self.adoptable: dict[tuple[int, ...], torch.Tensor] = {}
 
     def after(self, contexts: list[list[int]]) -> list[torch.Tensor]:
         """Top-k after each context: from a greedy continuation already fetched, else asked (with a look-ahead)."""
-        out: list[torch.Tensor | None] = [self.ahead.get(tuple(c)) for c in contexts]
+        out: list[torch.Tensor | None] = [self.fetched.get(tuple(c)) for c in contexts]
         todo = [i for i, v in enumerate(out) if v is None]
         if todo:
             for i, v in zip(todo, self.lm.ask([contexts[i] for i in todo], [None] * len(todo), self, LOOKAHEAD)):
@@ -318,7 +318,7 @@ class ServedSession(TokenizedView):
             self.next_logprobs = self.after([new])[0]
         self.end_logprobs = self.next_logprobs
         n = len(new)  # continuations of the new text stay useful; the rest is dropped
-        self.ahead = {k: v for k, v in self.ahead.items() if len(k) > n and k[:n] == tuple(new)}
+        self.fetched = {k: v for k, v in self.fetched.items() if len(k) > n and k[:n] == tuple(new)}
         self.ids, self.text, self.spec, self.adoptable = new, y, [], {}
         self._move_anchor()
 
@@ -327,5 +327,5 @@ class ServedSession(TokenizedView):
 
     def release(self) -> None:
         """The decode is over: let go of the distributions kept for later rounds (each a vocabulary-wide vector)."""
-        self.ahead, self.adoptable, self.spec = {}, {}, []
+        self.fetched, self.adoptable, self.spec = {}, {}, []
         self.next_logprobs = self.end_logprobs = None

@@ -10,7 +10,7 @@ from transformers import DynamicCache
 
 from ..view import Branch
 from ..words import common_prefix
-from .ahead import Ahead, Drafts, row_kv
+from .ahead import Ahead, Drafts, rows_kv
 from .base import LoadedModel
 from .prefixes import cache_bytes, copy_cache
 from .tokenized import TokenizedView
@@ -209,8 +209,20 @@ class LocalSession(TokenizedView):
 
     def remember(self, tokens: list[int], cache: DynamicCache, row: int, start: int, logprobs: torch.Tensor) -> None:
         """Keep the KV of `tokens` (fed after ids[:start] in `row` of a side cache) for a later commit."""
-        if start == len(self.ids):
-            self.ahead.offer_kv(tokens, row_kv(cache, row, start, start + len(tokens)), logprobs)
+        self.remember_rows(cache, start, [(row, tokens, logprobs)])
+
+    def remember_rows(self, cache: DynamicCache, start: int, rows: list[tuple[int, list[int], torch.Tensor]]) -> None:
+        """`remember` of each (row, tokens, log-probs after them): the KV copied once per layer for the rows of each
+        length (no row keeps another's positions or pads alive)."""
+        if start != len(self.ids):
+            return
+        by_length: dict[int, list[tuple[int, list[int], torch.Tensor]]] = {}
+        for item in rows:
+            by_length.setdefault(len(item[1]), []).append(item)
+        for n, group in by_length.items():
+            kv = rows_kv(cache, [row for row, _, _ in group], start, start + n)  # per layer (len(group), H, n, D)
+            for j, (_, tokens, logprobs) in enumerate(group):
+                self.ahead.offer_kv(tokens, [(k[j: j + 1], v[j: j + 1]) for k, v in kv], logprobs)
 
     def _append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Append per-layer (keys, values) of new positions to the live cache."""
@@ -256,14 +268,7 @@ class LocalSession(TokenizedView):
 
     def _score_chunk(self, start: int, rows: list[list[int]], flags: list[bool]) -> list[torch.Tensor]:
         cache, logp = self._batch(start, rows)
-        kept = [i for i, flag in enumerate(flags) if flag]
-        if kept and start == len(self.ids):  # the flagged rows' KV, copied in one operation per layer for them all
-            width = max(len(rows[i]) for i in kept)
-            copy = row_kv(cache, kept, start, start + width)  # per layer (len(kept), heads, width, dim), copies
-            for j, i in enumerate(kept):
-                n = len(rows[i])
-                self.ahead.offer_kv(rows[i], [(k[j: j + 1, :, :n], v[j: j + 1, :, :n]) for k, v in copy],
-                                    logp[i, n - 1], copied=True)
+        self.remember_rows(cache, start, [(i, r, logp[i, len(r) - 1]) for i, r in enumerate(rows) if flags[i]])
         return [logp[i, : len(r)] for i, r in enumerate(rows)]
 
     def kv_bytes_per_token(self) -> int:
