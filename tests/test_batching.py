@@ -210,3 +210,10 @@ def test_the_rows_mask_lets_each_row_see_its_own_keys_up_to_its_position(window)
                     want = j < held and k <= q and (window is None or k > q - window)
                     assert bool(mask[row, 0, t, j]) == want, (row, t, j)
             row += 1
+
+
+def test_the_packed_overhead_benchmark_prints_each_modes_cost_per_layer_and_request(capsys):
+    from bench.packed_overhead import main
+    assert main(["--layers", "1", "2", "--requests", "1", "2", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("engine per layer and request:") == 2 and out.count(" ms\n") == 8

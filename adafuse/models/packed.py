@@ -120,12 +120,8 @@ class _PackedCache:
         self.calls = 0  # attention calls this forward made (all layers)
 
     def update(self, key, value, layer_idx, cache_kwargs=None):
-        full = []
-        for s in self.segments:
-            k = _unpack(key, s)
-            v = _unpack(value, s)
-            full.append(s.request.cache.update(k, v, layer_idx))
-        self.kv[layer_idx] = full
+        self.kv[layer_idx] = [s.request.cache.update(k, v, layer_idx) for s, k, v in
+                              zip(self.segments, _parts(key, self.segments), _parts(value, self.segments))]
         return key, value
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -135,10 +131,12 @@ class _PackedCache:
         return cache_position.shape[0], 0
 
 
-def _unpack(x: torch.Tensor, s: _Segment) -> torch.Tensor:
-    """(1, H, S, D) packed → (rows, H, T, D) of one segment."""
-    part = x[0, :, s.start: s.stop]  # (H, rows·T, D)
-    return part.reshape(part.shape[0], s.rows, s.length, part.shape[-1]).transpose(0, 1)
+def _parts(x: torch.Tensor, segments: list[_Segment]) -> list[torch.Tensor]:
+    """(1, H, S, D) packed → each segment's (rows, H, T, D): one split for all of them (every layer does this for
+    keys, values and queries: no operations per request but a reshape where a request has several rows)."""
+    pieces = x.split([s.rows * s.length for s in segments], 2)  # (1, H, rows·T, D) each
+    return [p if s.rows == 1 else p[0].reshape(p.shape[1], s.rows, s.length, p.shape[-1]).transpose(0, 1)
+            for s, p in zip(segments, pieces)]
 
 
 # ---- a cache as it was before a forward that failed ----
@@ -210,12 +208,13 @@ def packed_attention(module, query, key, value, attention_mask, **kwargs):
     if mode == "one":
         cache.calls += 1
         return _one_call(module, inner, query, segments, kv, window, cache.masks, **kwargs)
+    queries = _parts(query, segments)
     if mode == "rows":
         cache.calls += len({s.length for s in segments})  # a call per length the requests feed
-        return _rows_call(module, inner, query, segments, kv, window, cache.masks, **kwargs)
+        return _rows_call(module, inner, queries, segments, kv, window, cache.masks, **kwargs)
     cache.calls += len(segments)
-    return torch.cat([_loop_call(module, inner, _unpack(query, s), k, v, s, window, **kwargs)
-                      for s, (k, v) in zip(segments, kv)], 1), None
+    return torch.cat([_loop_call(module, inner, q, k, v, s, window, **kwargs)
+                      for s, q, (k, v) in zip(segments, queries, kv)], 1), None
 
 
 def _loop_call(module, inner, q, k, v, s: _Segment, window: int | None, **kwargs) -> torch.Tensor:
@@ -277,28 +276,29 @@ def launches_cost_more(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
-def _rows_call(module, inner, query, segments, kv, window, masks: dict, **kwargs):
+def _rows_call(module, inner, queries, segments, kv, window, masks: dict, **kwargs):
     """Every row as one batch entry of one call: queries (rows, heads, T, D) — every request feeds the same T tokens
     (else its requests run per length) —, each row's keys and values padded at the end to the longest row's, a mask
     that hides the padding and keeps causality (and the window). Padding wastes less than the dense layout when the
-    rows' contexts are alike."""
+    rows' contexts are alike. `queries`: each segment's (rows, H, T, D)."""
     if len({s.length for s in segments}) > 1:  # per length: each group of requests as one call
         outs = []
         for length in dict.fromkeys(s.length for s in segments):
-            group = [(s, pair) for s, pair in zip(segments, kv) if s.length == length]
-            outs.append((group, _rows_call(module, inner, query, [s for s, _ in group], [p for _, p in group], window,
-                                           masks, **kwargs)[0]))
+            group = [i for i, s in enumerate(segments) if s.length == length]
+            outs.append(([segments[i] for i in group],
+                         _rows_call(module, inner, [queries[i] for i in group], [segments[i] for i in group],
+                                    [kv[i] for i in group], window, masks, **kwargs)[0]))
         placed = {}
-        for group, out in outs:
-            members = [s for s, _ in group]
+        for members, out in outs:
             placed.update({id(s): o for s, o in zip(members, _split(out, members))})
         return torch.cat([placed[id(s)] for s in segments], 1), None
     length = segments[0].length
-    q = torch.cat([_unpack(query, s) for s in segments])  # (R, H, T, D)
+    q = torch.cat(queries)  # (R, H, T, D)
     longest = max(k.shape[2] for k, _ in kv)
 
-    def padded(x):
-        return torch.nn.functional.pad(x, (0, 0, 0, longest - x.shape[2]))
+    def padded(x):  # (1, H, L, D) → (1, H, longest, D), zeros after (F.pad's own operation, without its wrapper)
+        short = longest - x.shape[2]
+        return torch.constant_pad_nd(x, (0, 0, 0, short)) if short else x
     keys = torch.cat([padded(k) for k, _ in kv])
     values = torch.cat([padded(v) for _, v in kv])
     lengths = tuple(k.shape[2] for k, _ in kv)
@@ -307,7 +307,7 @@ def _rows_call(module, inner, query, segments, kv, window, masks: dict, **kwargs
     key = ("rows", tuple((s.past, s.length, s.rows) for s in segments), lengths, window)
     mask = masks.get(key)
     if mask is None:
-        mask = masks[key] = _row_mask(segments, lengths, longest, window, query.device)
+        mask = masks[key] = _row_mask(segments, lengths, longest, window, q.device)
     if _float_masks(module):
         mask = _additive(mask, q.dtype)
     out, _ = inner(module, q, keys, values, mask, **kwargs)  # (R, T, H, D)
