@@ -31,8 +31,8 @@ def copy_cache(cache: DynamicCache, length: int, rows: int = 1) -> DynamicCache:
     for layer in cache.layers:
         k = layer.keys[:1, :, :length].expand(rows, -1, -1, -1)  # (rows, H, length, D), one copy's memory
         v = layer.values[:1, :, :length].expand(rows, -1, -1, -1)
-        held = DynamicLayer()
-        held.lazy_initialization(k, v)
+        held = DynamicLayer()  # initialized as its first update would, with these tensors (no copy, no empty ones)
+        held.dtype, held.device, held.is_initialized = k.dtype, k.device, True
         held.keys, held.values = k, v  # (building from `ddp_cache_data` would concatenate: a copy)
         new.layers.append(held)
     return new

@@ -66,6 +66,7 @@ class LocalSession(TokenizedView):
     def __init__(self, lm: LoadedModel, prompt: str, mode: str = "raw", stop: tuple[str, ...] = (), system: str = "",
                  thinking: bool | None = None, history: tuple = ()):
         super().__init__(lm, prompt, mode, stop, system, thinking, history)
+        self._kv_bytes = 0  # `kv_bytes_per_token`, once measured
         self.released = False  # `release` let go of the cache: nothing may run on it any more
         self.parked = False    # `park` let go of the cache: the next call rebuilds it
         self._lock = threading.RLock()
@@ -272,8 +273,11 @@ class LocalSession(TokenizedView):
         return [logp[i, : len(r)] for i, r in enumerate(rows)]
 
     def kv_bytes_per_token(self) -> int:
-        """Bytes of keys and values one position takes in the cache (every layer)."""
-        return cache_bytes(self.cache, 1)
+        """Bytes of keys and values one position takes in the cache (every layer): measured once on a cache that holds
+        a position (the model's layers, heads and dtype fix it)."""
+        if not self._kv_bytes:
+            self._kv_bytes = cache_bytes(self.cache, 1)
+        return self._kv_bytes
 
     def side_cache(self, start: int, rows: int) -> DynamicCache:
         """`rows` copies of the first `start` cached positions, for a batch that must not touch the live cache."""
