@@ -114,14 +114,16 @@ class _PackedCache:
 
     def __init__(self, segments: list[_Segment], attention: str = "auto"):
         self.segments = segments
+        self.sizes = [s.rows * s.length for s in segments]  # each segment's positions in the packed sequence
         self.attention = attention  # ATTENTION_MODES: one call per layer, a call per request, or chosen by cost
         self.kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.masks: dict[tuple, torch.Tensor] = {}  # the one call's masks, by (the rows' key lengths, window)
         self.calls = 0  # attention calls this forward made (all layers)
 
     def update(self, key, value, layer_idx, cache_kwargs=None):
+        segments, sizes = self.segments, self.sizes
         self.kv[layer_idx] = [s.request.cache.update(k, v, layer_idx) for s, k, v in
-                              zip(self.segments, _parts(key, self.segments), _parts(value, self.segments))]
+                              zip(segments, _parts(key, segments, sizes), _parts(value, segments, sizes))]
         return key, value
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -131,10 +133,11 @@ class _PackedCache:
         return cache_position.shape[0], 0
 
 
-def _parts(x: torch.Tensor, segments: list[_Segment]) -> list[torch.Tensor]:
-    """(1, H, S, D) packed → each segment's (rows, H, T, D): one split for all of them (every layer does this for
-    keys, values and queries: no operations per request but a reshape where a request has several rows)."""
-    pieces = x.split([s.rows * s.length for s in segments], 2)  # (1, H, rows·T, D) each
+def _parts(x: torch.Tensor, segments: list[_Segment], sizes: list[int]) -> list[torch.Tensor]:
+    """(1, H, S, D) packed → each segment's (rows, H, T, D), `sizes` their rows·T: one split for all of them (every
+    layer does this for keys, values and queries: no operations per request but a reshape where a request has several
+    rows)."""
+    pieces = x.split_with_sizes(sizes, 2)  # (1, H, rows·T, D) each
     return [p if s.rows == 1 else p[0].reshape(p.shape[1], s.rows, s.length, p.shape[-1]).transpose(0, 1)
             for s, p in zip(segments, pieces)]
 
@@ -208,7 +211,7 @@ def packed_attention(module, query, key, value, attention_mask, **kwargs):
     if mode == "one":
         cache.calls += 1
         return _one_call(module, inner, query, segments, kv, window, cache.masks, **kwargs)
-    queries = _parts(query, segments)
+    queries = _parts(query, segments, cache.sizes)
     if mode == "rows":
         cache.calls += len({s.length for s in segments})  # a call per length the requests feed
         return _rows_call(module, inner, queries, segments, kv, window, cache.masks, **kwargs)
