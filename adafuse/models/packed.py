@@ -216,15 +216,15 @@ def packed_attention(module, query, key, value, attention_mask, **kwargs):
         cache.calls += len({s.length for s in segments})  # a call per length the requests feed
         return _rows_call(module, inner, queries, segments, kv, window, cache.masks, **kwargs)
     cache.calls += len(segments)
-    return torch.cat([_loop_call(module, inner, q, k, v, s, window, **kwargs)
+    causal = _inner_name(module) in CAUSAL_KERNELS  # a config lookup: once per layer, not once per request
+    return torch.cat([_loop_call(module, inner, q, k, v, s, window, causal, **kwargs)
                       for s, q, (k, v) in zip(segments, queries, kv)], 1), None
 
 
-def _loop_call(module, inner, q, k, v, s: _Segment, window: int | None, **kwargs) -> torch.Tensor:
+def _loop_call(module, inner, q, k, v, s: _Segment, window: int | None, causal: bool, **kwargs) -> torch.Tensor:
     """One request's attention, (1, rows·T, H, D): its queries (rows, H, T, D) against its own keys and values. A
     request whose mask would pass MASK_CELLS (a long prompt after a cache) attends in chunks of queries, each against
     the keys up to its last position: the same numbers, the mask bounded."""
-    causal = _inner_name(module) in CAUSAL_KERNELS
     keys = s.past + s.length
     step = s.length if s.length * keys <= MASK_CELLS else max(1, MASK_CELLS // keys)
     parts = []
