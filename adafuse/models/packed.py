@@ -176,18 +176,18 @@ def packed_forward(model, batch: list[Request], attention: str = "auto") -> list
         segments.append(s)
         for row in r.rows:
             ids.extend(row)
-        positions.append(torch.arange(past, past + t).repeat(n))
+        # as Python lists, made into tensors once for all requests (not a few tensor operations per request)
+        positions.extend(list(range(past, past + t)) * n)
         kept = t if r.keep is None else min(r.keep, t)
-        keep.append((torch.arange(t - kept, t)[None, :] + torch.arange(n)[:, None] * t + start).reshape(-1))
+        keep.extend(start + i * t + j for i in range(n) for j in range(t - kept, t))  # each row's last `kept`
         start = s.stop
     cache = _PackedCache(segments, attention)
-    keep_at = torch.cat(keep)
     # a 4D mask is taken as it is (transformers builds none: each request's own is made per layer) and not used
     unused = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
     out = model(input_ids=torch.tensor([ids], device=device), attention_mask=unused,
-                position_ids=torch.cat(positions)[None].to(device),
+                position_ids=torch.tensor([positions], dtype=torch.long, device=device),
                 cache_position=torch.arange(start, device=device), past_key_values=cache, use_cache=True,
-                logits_to_keep=keep_at.to(device), **{RUN: cache})
+                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device), **{RUN: cache})
     logits, outs, at = out.logits[0], [], 0
     for s in segments:  # each request's log-probs a tensor of its own (no copy out of one block afterwards)
         kept = s.length if s.request.keep is None else min(s.request.keep, s.length)
