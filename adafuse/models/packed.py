@@ -234,7 +234,9 @@ def _loop_call(module, inner, q, k, v, s: _Segment, window: int | None, causal: 
         if mask is not None and _float_masks(module):
             mask = _additive(mask, q.dtype)
         end = s.past + last
-        o, _ = inner(module, q[:, :, first:last], k[:, :, :end], v[:, :, :end], mask, **kwargs)  # (rows, Q, H, D)
+        part = q if step >= s.length else q[:, :, first:last]  # slices only where they cut (each is an operation)
+        keys, values = (k, v) if k.shape[2] <= end else (k[:, :, :end], v[:, :, :end])
+        o, _ = inner(module, part, keys, values, mask, **kwargs)  # (rows, Q, H, D)
         parts.append(o)
     o = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
     return o.reshape(1, s.rows * s.length, *o.shape[2:])
