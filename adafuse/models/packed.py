@@ -115,6 +115,7 @@ class _PackedCache:
     def __init__(self, segments: list[_Segment], attention: str = "auto"):
         self.segments = segments
         self.sizes = [s.rows * s.length for s in segments]  # each segment's positions in the packed sequence
+        self._kernels: dict[type, tuple] = {}  # per attention module class: `kernel`
         self.attention = attention  # ATTENTION_MODES: one call per layer, a call per request, or chosen by cost
         self.kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.masks: dict[tuple, torch.Tensor] = {}  # the one call's masks, by (the rows' key lengths, window)
@@ -125,6 +126,14 @@ class _PackedCache:
         self.kv[layer_idx] = [s.request.cache.update(k, v, layer_idx) for s, k, v in
                               zip(segments, _parts(key, segments, sizes), _parts(value, segments, sizes))]
         return key, value
+
+    def kernel(self, module) -> tuple:
+        """The model's own attention function for `module` and whether it takes a causal flag of its own: read once
+        per forward and attention class (config lookups), not once per layer."""
+        got = self._kernels.get(type(module))
+        if got is None:
+            got = self._kernels[type(module)] = (_inner(module), _inner_name(module) in CAUSAL_KERNELS)
+        return got
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
@@ -200,10 +209,10 @@ def packed_attention(module, query, key, value, attention_mask, **kwargs):
     """Attention of a packed forward: per request, the model's own attention function (`inner`) on its queries and
     its full keys and values, with its causal mask. Outside a packed forward (a direct call of the model), the inner
     function as it is."""
-    inner = _inner(module)
     cache = kwargs.pop(RUN, None)
     if cache is None:
-        return inner(module, query, key, value, attention_mask, **kwargs)
+        return _inner(module)(module, query, key, value, attention_mask, **kwargs)
+    inner, causal = cache.kernel(module)
     segments = cache.segments
     window = kwargs.get("sliding_window")
     kv = cache.kv[module.layer_idx]
@@ -216,7 +225,6 @@ def packed_attention(module, query, key, value, attention_mask, **kwargs):
         cache.calls += len({s.length for s in segments})  # a call per length the requests feed
         return _rows_call(module, inner, queries, segments, kv, window, cache.masks, **kwargs)
     cache.calls += len(segments)
-    causal = _inner_name(module) in CAUSAL_KERNELS  # a config lookup: once per layer, not once per request
     return torch.cat([_loop_call(module, inner, q, k, v, s, window, causal, **kwargs)
                       for s, q, (k, v) in zip(segments, queries, kv)], 1), None
 
