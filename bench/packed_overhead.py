@@ -58,7 +58,16 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", default=["loop", "rows"])
     p.add_argument("--repeats", type=int, default=15)
     args = p.parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        report(args)
+    finally:
+        torch.set_num_threads(threads)  # as it was (a caller in the same process keeps its own)
+    return 0
+
+
+def report(args) -> None:
     (l0, l1), (r0, r1) = args.layers, args.requests
     print(f"ms per packed forward (median of {args.repeats}), one token per request after {PAST}-{PAST + 7} cached "
           "positions")
@@ -70,7 +79,6 @@ def main(argv=None) -> int:
                 print(f"{mode:5s} {lay:3d} layers {req:3d} requests  {v:8.2f} ms")
             extra = (ms[l1, r1] - ms[l1, r0]) - (ms[l0, r1] - ms[l0, r0])
             print(f"{mode:5s} engine per layer and request: {extra / ((l1 - l0) * (r1 - r0)) * 1000:.1f} µs")
-    return 0
 
 
 if __name__ == "__main__":

@@ -214,6 +214,9 @@ def test_the_rows_mask_lets_each_row_see_its_own_keys_up_to_its_position(window)
 
 def test_the_packed_overhead_benchmark_prints_each_modes_cost_per_layer_and_request(capsys):
     from bench.packed_overhead import main
-    assert main(["--layers", "1", "2", "--requests", "1", "2", "--repeats", "1"]) == 0
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng():  # it seeds its models: the other tests' random numbers stay theirs
+        assert main(["--layers", "1", "2", "--requests", "1", "2", "--repeats", "1"]) == 0
+    assert torch.get_num_threads() == threads  # it runs on one thread, then gives the process its threads back
     out = capsys.readouterr().out
     assert out.count("engine per layer and request:") == 2 and out.count(" ms\n") == 8

@@ -233,8 +233,8 @@ def _loop_call(module, inner, q, k, v, s: _Segment, window: int | None, causal: 
     """One request's attention, (1, rows·T, H, D): its queries (rows, H, T, D) against its own keys and values. A
     request whose mask would pass MASK_CELLS (a long prompt after a cache) attends in chunks of queries, each against
     the keys up to its last position: the same numbers, the mask bounded."""
-    keys = s.past + s.length
-    step = s.length if s.length * keys <= MASK_CELLS else max(1, MASK_CELLS // keys)
+    held = s.past + s.length  # the keys it attends to
+    step = s.length if s.length * held <= MASK_CELLS else max(1, MASK_CELLS // held)
     parts = []
     for first in range(0, s.length, step):
         last = min(s.length, first + step)
@@ -309,7 +309,7 @@ def _rows_call(module, inner, queries, segments, kv, window, masks: dict, **kwar
     q = torch.cat(queries)  # (R, H, T, D)
     longest = max(k.shape[2] for k, _ in kv)
 
-    def padded(x):  # (1, H, L, D) → (1, H, longest, D), zeros after (F.pad's own operation, without its wrapper)
+    def padded(x):  # (rows, H, L, D) → (rows, H, longest, D), zeros after (F.pad's own operation, without its wrapper)
         short = longest - x.shape[2]
         return torch.constant_pad_nd(x, (0, 0, 0, short)) if short else x
     keys = torch.cat([padded(k) for k, _ in kv])
