@@ -134,8 +134,9 @@ class Ahead:
         hit = v.prefix(tokens) if v is not None and v.start == start else None
         return (v, *hit) if hit else None
 
-    def adopt(self, tokens: tuple[int, ...]) -> tuple[KV, torch.Tensor] | None:
-        """The kept KV and next-token log-probs of exactly `tokens` after the committed ids, if a batch made them."""
+    def adopt(self, tokens: tuple[int, ...] | None) -> tuple[KV, torch.Tensor] | None:
+        """The kept KV and next-token log-probs of exactly `tokens` after the committed ids, if a batch made them (None:
+        the new ids do not extend the committed ones)."""
         return self.kept.get(tokens)
 
     # ---- end ----

@@ -138,8 +138,8 @@ class LocalSession(TokenizedView):
         hit = self.ahead.verified_rows(len(self.ids), tokens)
         if hit is None:
             return None
-        v, row, logprobs = hit
-        self.remember(tokens, v.cache, row, v.start, v.logprobs[row, len(tokens) - 1])
+        v, row, logprobs = hit  # logprobs (len(tokens), V)
+        self.remember(tokens, v.cache, row, v.start, logprobs[-1])
         return logprobs
 
     @_awake
@@ -177,7 +177,7 @@ class LocalSession(TokenizedView):
         new = self.encode(y)
         lcp = common_prefix(self.cached_ids, new)
         tail = tuple(new[len(self.ids):]) if new[: len(self.ids)] == self.ids else None
-        adopted = self.ahead.adopt(tail) if tail is not None else None
+        adopted = self.ahead.adopt(tail)
         self.ahead.drop()  # all of it was ahead of the old ids
         if lcp == len(new) == len(self.cached_ids):
             self.next_logprobs = self.end_logprobs  # our own speculative tokens were exactly this text

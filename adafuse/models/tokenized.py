@@ -43,11 +43,8 @@ class TokenizedView(ModelView):
         self._move_anchor()
 
     # ---- tokenization ----
-    def _tokenize(self, text: str) -> list[int]:
-        return self.lm.tokenize(text)
-
     def _full(self, y: str) -> list[int]:
-        return self._bos() + self._tokenize(self.prefix_text + y)
+        return self._bos() + self.lm.tokenize(self.prefix_text + y)
 
     def _bos(self) -> list[int]:
         return [self.lm.tokenizer.bos_token_id] if self.lm.add_bos else []
@@ -94,7 +91,7 @@ class TokenizedView(ModelView):
             if full != self.ids:  # never seen; if it were, a full tokenization from here on repairs it
                 self.anchor_char, self.anchor_tok = 0, 0
             elif k is not None and k > 0 and enc.offset_mapping[k][0] == a and enc.offset_mapping[k - 1][1] <= a:
-                if full[: k + shift] + self._tokenize(full_text[a:]) == full:
+                if full[: k + shift] + self.lm.tokenize(full_text[a:]) == full:
                     self.anchor_char, self.anchor_tok = a, k + shift
         self.tokenizer_seconds += time.perf_counter() - t0
 
