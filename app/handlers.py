@@ -310,13 +310,30 @@ def on_open(ex, line, method):
         return (ex, *_error(ex, exc), *keep)
 
 
-def on_prompt(text, mode_v, stop_v, proposed):
-    """Raw mode: stop strings proposed from the prompt, unless the stop box holds the user's own (`USER`:
-    the user edited it, even to empty); chat mode drops a proposal (a chat answer spans lines)."""
-    if proposed == USER or (stop_v or "") != (proposed or ""):
-        return gr.update(), proposed
+def stops_for(text, mode_v, stop_v, offered) -> tuple[str, tuple[str, ...] | str]:
+    """The stop box's value for the prompt `text`, and the proposals this page has made (`offered`). Raw mode proposes
+    stop strings from the prompt; chat mode none (a chat answer spans lines). The box keeps the user's own: what they
+    typed (`USER`: even to empty) or a value the page never proposed (an example's, an opened trace's). Any value the
+    page did propose gives way, however old: a proposal read from an earlier text can land after a later one (a
+    paste, then Run at once), and it is not the user's."""
+    stop_v = stop_v or ""
+    if offered == USER or stop_v not in offered:
+        return stop_v, offered
     new = format_stops(propose_stops(text or "")) if mode_v == "raw" else ""
-    return new, new
+    return new, offered if new in offered else (*offered, new)
+
+
+def on_prompt(text, mode_v, stop_v, offered):
+    """The prompt or the mode changed: the stop box shows the proposal for it (`stops_for`)."""
+    new, offered = stops_for(text, mode_v, stop_v, offered)
+    return (gr.update() if new == (stop_v or "") else new), offered
+
+
+def on_press(text, mode_v, stop_v, offered):
+    """Run or Step pressed: the stop strings for the prompt as it is now, shown in the box and held for the decode
+    (a late proposal may still rewrite the box before the decode reads it: the decode reads what this decided)."""
+    new, offered = stops_for(text, mode_v, stop_v, offered)
+    return new, offered, new
 
 
 def on_live(ex, *s):

@@ -8,7 +8,8 @@ import gradio as gr
 from . import api, layout, public, teach
 from .controller import DECODE_QUEUE, Explorer, load_examples, slots
 from .handlers import (on_answers, on_branch, on_cancel, on_eval, on_filter, on_live, on_load, on_member, on_open,
-                       on_pick_row, on_prompt, on_reset, on_round, on_run, on_step, on_tokens, on_unload, on_upload)
+                       on_pick_row, on_press, on_prompt, on_reset, on_round, on_run, on_step, on_tokens, on_unload,
+                       on_upload)
 from .sliders import snap_typed
 from .style import CSS, INTRO, SHORTCUTS, TO_ANSWER, TO_VIEWS
 from .views import CANCEL_AT, N_OUTPUTS, STATUS_AT, USER, gate_normalize, loaded_views, weight_sliders
@@ -107,7 +108,7 @@ def wire_page(ui: SimpleNamespace) -> None:
 def wire_decoding(ui: SimpleNamespace) -> None:
     """The prompt's stop proposals, settings moved during a Run, and Run, Step, Cancel, Branch, Reset, Tokens."""
     hidden = HIDDEN
-    proposed = gr.State("")  # the stop strings last proposed from the prompt (USER: the box is the user's own)
+    proposed = gr.State(("",))  # the stop strings proposed on this page so far (USER: the box is the user's own)
     # the prompt's handlers run one at a time, in the order the page sent them: a proposal read from the
     # text before a click on the frame cannot land after the frame's own
     in_order = dict(HIDDEN, concurrency_id="prompt", concurrency_limit=1)
@@ -132,15 +133,18 @@ def wire_decoding(ui: SimpleNamespace) -> None:
                 concurrency_limit=None, **hidden)
     ui.run_btn.click(None, js=TO_ANSWER, **hidden)
     # Run and Step first take the stop strings proposed from the prompt as it is now, however it got there (typed,
-    # pasted, restored by the browser): the decode never starts before the proposal it would have had
-    propose = dict(fn=on_prompt, inputs=[ui.prompt, ui.mode, ui.stop, proposed], outputs=[ui.stop, proposed],
+    # pasted, restored by the browser): the decode never starts before the proposal it would have had, and reads it
+    # from `pressed`, not from the box, which a proposal from an earlier text may still rewrite in between
+    pressed = gr.State("")
+    propose = dict(fn=on_press, inputs=[ui.prompt, ui.mode, ui.stop, proposed], outputs=[ui.stop, proposed, pressed],
                    queue=False, show_progress="hidden", **hidden)
+    settings = [pressed if c is ui.stop else c for c in ui.settings]
     ui.run_btn.click(**propose).then(
-        on_run, [ui.state, ui.models, ui.device, ui.trust, ui.prompt, ui.compare, ui.others, ui.choice, *ui.settings],
+        on_run, [ui.state, ui.models, ui.device, ui.trust, ui.prompt, ui.compare, ui.others, ui.choice, *settings],
         [ui.state, *ui.outputs], show_progress="hidden", concurrency_limit=DECODE_QUEUE, concurrency_id="decode",
         **hidden)
     ui.step_btn.click(**propose).then(
-        on_step, [ui.state, ui.models, ui.device, ui.trust, ui.prompt, ui.choice, *ui.settings], [ui.state, *ui.outputs],
+        on_step, [ui.state, ui.models, ui.device, ui.trust, ui.prompt, ui.choice, *settings], [ui.state, *ui.outputs],
         concurrency_limit=DECODE_QUEUE, concurrency_id="decode", **hidden)
     ui.cancel_btn.click(on_cancel, [ui.state], [ui.state, *ui.outputs], **hidden)
 

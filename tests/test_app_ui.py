@@ -160,3 +160,32 @@ def test_the_bare_question_hint_follows_every_change_of_the_prompt_and_runs_in_o
                if f.concurrency_id == "prompt"]
     # the hint, the frame, chat, and on_prompt on typing (2), after the frame and chat (2) and at load
     assert len(ordered) == 8 and all(f.concurrency_limit == 1 for f in ordered)
+
+
+def test_a_proposal_from_an_earlier_text_that_lands_late_does_not_take_the_runs_stop_string():
+    """A CI run: the box emptied, a question pasted, Run at once. The emptying's proposal (none, read from "") landed
+    after Run had proposed "\\n" for the pasted text, and the decode read the box: no stop string. Run decides the stop
+    strings once, the decode reads that decision, and a late proposal is still the page's, never the user's own."""
+    from app.handlers import on_press, on_prompt
+    from app.ui import build_demo
+    from app.views import USER
+    asked, offered = "Question: Who wrote Hamlet?\nAnswer:", ("",)
+    shown, offered = on_prompt("Question: What is 2+2?\nAnswer:", "raw", "", offered)  # at load
+    assert shown == "\\n"
+    box, offered, decided = on_press(asked, "raw", shown, offered)  # Run, before the emptying's proposal is back
+    assert box == decided == "\\n"
+    late, offered = on_prompt("", "raw", shown, offered)  # the emptying's, read from "" before the paste
+    assert late == ""
+    assert on_press(asked, "raw", late, offered)[2] == "\\n"  # a press that reads the late box still proposes
+    assert on_prompt(asked, "raw", late, offered)[0] == "\\n"  # as does the paste's own proposal, last
+    # the box as the user left it is kept: typed (even empty), or set by an example and never proposed
+    assert on_press(asked, "raw", "", USER)[2] == ""
+    assert on_press(asked, "raw", "\\n\\nQuestion:", offered)[2] == "\\n\\nQuestion:"
+    assert on_press(asked, "chat", "\\n", offered)[2] == ""  # chat mode: no proposal
+    demo = build_demo()
+    deps = [(d, demo.fns[d["id"]].fn) for d in demo.config["dependencies"]]
+    stop_box, = [i for i, b in demo.blocks.items() if getattr(b, "elem_id", None) == "af-stop"]
+    decisions = {d["outputs"][2] for d, fn in deps if fn is on_press}
+    decodes = [d for d, fn in deps if getattr(fn, "__name__", "") in ("on_run", "on_step")]
+    assert len(decisions) == 1 and len(decodes) == 2
+    assert all(stop_box not in d["inputs"] and decisions <= set(d["inputs"]) for d in decodes)
