@@ -379,3 +379,20 @@ def test_decode_after_decodes_the_context_once_for_a_rounds_candidates(monkeypat
     monkeypatch.setattr(type(a), "decode", lambda self, ids: calls.append(list(ids)) or decode(self, ids))
     assert [view.decode_after(context, [t]) for t in tokens] == want == [" nice", ".", " big"]
     assert len(calls) == len(tokens) + 1
+
+
+def test_a_fast_tokenizers_backend_decodes_as_its_wrapper_does(pair):
+    """`LoadedModel.decode` calls the Rust backend directly where the wrapper adds nothing: the same text for every
+    token alone and after others, special tokens and odd bytes included, on both bundled tokenizers."""
+    import random
+    from adafuse.models.base import backend_decoder
+    rng = random.Random(0)
+    for lm in pair:
+        tok = lm.tokenizer
+        assert backend_decoder(tok) is not None, type(tok)  # the bundled pair takes the direct path
+        n = len(tok)
+        rows = [[t] for t in range(0, n, 97)] + [sorted(lm.end_ids) + [5, 6]]
+        rows += [[rng.randrange(n) for _ in range(rng.randint(1, 12))] for _ in range(300)]
+        rows += [tok("Hello .  it 's  über 東京 🙂\n\n", add_special_tokens=False).input_ids]
+        for ids in rows:
+            assert lm.decode(ids) == tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False), ids

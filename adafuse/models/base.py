@@ -13,6 +13,21 @@ from ..errors import PromptError
 STOP_SETS_KEPT = 64
 
 
+def backend_decoder(tokenizer) -> object | None:
+    """The `tokenizers` object a transformers fast tokenizer decodes with, when its class keeps the library's own
+    `decode` and `_decode` (which, with no special tokens skipped and no clean-up, return the backend's decode as it
+    is); else None (a slow or custom tokenizer: its own `decode` runs)."""
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout: the wrapper it has
+        return None
+    cls = type(tokenizer)
+    if not isinstance(tokenizer, TokenizersBackend) or cls.decode is not TokenizersBackend.decode or \
+            cls._decode is not TokenizersBackend._decode:
+        return None
+    return getattr(tokenizer, "_tokenizer", None)
+
+
 @dataclass(eq=False, kw_only=True)
 class LoadedModel(ABC):
     """A ready-to-decode model (weights here or on a server), its tokenizer and the facts the decoder needs about
@@ -32,6 +47,7 @@ class LoadedModel(ABC):
     _texts: list[str] | None = field(default=None, init=False, repr=False)  # vocab_texts(), computed once
     _stop_ids: dict[tuple[str, ...], frozenset[int]] = field(default_factory=dict, init=False, repr=False)
     _stop_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)  # evicting from it
+    _decoder: object = field(default=False, init=False, repr=False)  # `decode`'s backend (None: none), found once
 
     # ---- where it computes ----
     @property
@@ -105,8 +121,14 @@ class LoadedModel(ABC):
                               f"{self.max_positions}: shorten it (fewer few-shot examples)")
 
     def decode(self, ids: list[int]) -> str:
-        """Token ids to text byte for byte: special tokens kept, no clean-up of spaces before punctuation."""
+        """Token ids to text byte for byte: special tokens kept, no clean-up of spaces before punctuation. A fast
+        tokenizer's Rust backend decodes directly where the Python wrapper adds nothing for these arguments
+        (`backend_decoder`): a decode explores and scores call ~200 times, 13 µs through the wrapper, 5 µs direct."""
+        if self._decoder is False:
+            self._decoder = backend_decoder(self.tokenizer)
         with self.tokenizer_lock:
+            if self._decoder is not None:
+                return self._decoder.decode(ids, skip_special_tokens=False)
             return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def vocab_texts(self) -> list[str]:
