@@ -110,14 +110,16 @@ def explore(s: ModelView, branches: int, top_k: int, max_word_tokens: int, strat
     branch = s.branch(len(rows)) if rows else None
     while rows:
         logp = branch.step([w.tokens[-1] for w in rows])  # (N, V)
-        keep = []
+        keep, ended = [], []
         for i, (w, t) in enumerate(zip(rows, best_tokens(s, logp))):
             if w.offer(t, logp[i]):
                 keep.append(i)
                 continue
             done.append(w)
             if w.status == BOUNDARY:  # this row's state is exactly the word: a commit can adopt it
-                branch.remember(i, w.tokens, logp[i])
+                ended.append((i, w.tokens, logp[i]))
+        if ended:
+            branch.remember(ended)
         if len(keep) < len(rows):
             rows = [rows[i] for i in keep]
             if rows:

@@ -18,8 +18,9 @@ class Branch(ABC):
         """Keep these rows (in this order, repeats allowed) for the next step."""
 
     @abstractmethod
-    def remember(self, row: int, tokens: list[int], logprobs: torch.Tensor) -> None:
-        """Row `row` holds `tokens` after the committed ids: keep its state so committing them costs no forward."""
+    def remember(self, rows: list[tuple[int, list[int], torch.Tensor]]) -> None:
+        """Each (row, tokens, log-probs after them): that row holds `tokens` after the committed ids; keep its state so
+        committing them costs no forward (the rows ended in one step: given together, copied together)."""
 
 
 class ModelView(ABC):

@@ -241,8 +241,9 @@ class ServedBranch(Branch):
     def keep(self, rows: list[int]) -> None:
         self.rows = [list(self.rows[i]) for i in rows]
 
-    def remember(self, row: int, tokens: list[int], logprobs: torch.Tensor) -> None:
-        self.s.adoptable[tuple(tokens)] = logprobs
+    def remember(self, rows: list[tuple[int, list[int], torch.Tensor]]) -> None:
+        for _, tokens, logprobs in rows:
+            self.s.adoptable[tuple(tokens)] = logprobs
 
 
 class ServedSession(TokenizedView):

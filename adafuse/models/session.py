@@ -37,8 +37,8 @@ class LocalBranch(Branch):
     def keep(self, rows: list[int]) -> None:
         self.cache.batch_select_indices(torch.tensor(rows, device=self.s.lm.device))
 
-    def remember(self, row: int, tokens: list[int], logprobs: torch.Tensor) -> None:
-        self.s.remember(tokens, self.cache, row, self.start, logprobs)
+    def remember(self, rows: list[tuple[int, list[int], torch.Tensor]]) -> None:
+        self.s.remember_rows(self.cache, self.start, rows)
 
 
 def _awake(method):
