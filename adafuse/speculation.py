@@ -69,8 +69,7 @@ class Speculation:
                          if r.text and len(c.text) > len(r.text) and c.text.startswith(r.text)}
 
     def _weight_size(self, m: int) -> int:
-        """How heavy model m is (bytes of weights; a served model 0). Summed over the parameters once per decode (a
-        few ms a model)."""
+        """How heavy model m is (bytes of weights; a served model 0), read once per decode."""
         if m not in self._weight_bytes:
             try:
                 self._weight_bytes[m] = int(self.models[m].memory_bytes)

@@ -290,7 +290,7 @@ def on_member(ex, member):
 
 def on_open(ex, line, method):
     ex = ex or Explorer()
-    keep = [gr.update()] * (4 + len(restored({}, 0)))
+    keep = [gr.update()] * (5 + len(restored({}, 0)))
     if ex.running:
         return (ex, *only_status("Wait for the Run to end (or ■ Cancel it) before opening an example."), *keep)
     try:
@@ -305,17 +305,17 @@ def on_open(ex, line, method):
         cand = (focus.member if focus and focus.member is not None else t.rounds[jump].chosen) if t.rounds \
             else 0
         return (ex, *out, t.prompt, *restored(t.settings, len(t.models)), jump, cand,
-                gr.update(selected="pool" if focus else "compare"))
+                gr.update(selected="pool" if focus else "compare"), USER)  # its stop strings: kept as the user's
     except Exception as exc:  # noqa: BLE001
         return (ex, *_error(ex, exc), *keep)
 
 
 def stops_for(text, mode_v, stop_v, offered) -> tuple[str, tuple[str, ...] | str]:
     """The stop box's value for the prompt `text`, and the proposals this page has made (`offered`). Raw mode proposes
-    stop strings from the prompt; chat mode none (a chat answer spans lines). The box keeps the user's own: what they
-    typed (`USER`: even to empty) or a value the page never proposed (an example's, an opened trace's). Any value the
-    page did propose gives way, however old: a proposal read from an earlier text can land after a later one (a
-    paste, then Run at once), and it is not the user's."""
+    stop strings from the prompt; chat mode none (a chat answer spans lines). The box keeps the user's own (`offered`
+    is `USER`: what they typed, even to empty, or an opened trace's) and a value the page never proposed (an
+    example's). Any value the page did propose gives way, however old: a proposal read from an earlier text can land
+    after a later one (a paste, then Run at once), and it is not the user's."""
     stop_v = stop_v or ""
     if offered == USER or stop_v not in offered:
         return stop_v, offered

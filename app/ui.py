@@ -44,6 +44,7 @@ def build_demo(rules: public.Policy | None = None) -> gr.Blocks:
     ui = SimpleNamespace()
     with gr.Blocks(title="AdaFuse Explorer") as ui.demo:
         ui.state = gr.State(Explorer())  # each visitor's own copy from the first press: two quick presses share it
+        ui.offered = gr.State(("",))  # the stop strings the page proposed so far (USER: the box is the user's own)
         gr.Markdown(INTRO)
         layout.settings_controls(ui)
         with gr.Row():
@@ -101,32 +102,33 @@ def wire_page(ui: SimpleNamespace) -> None:
     ui.eval_table.select(on_pick_row, None, [ui.open_line], show_progress="hidden", **hidden)
     ui.div_member.input(on_member, [ui.state, ui.div_member], [ui.div_plot], **hidden)
     ui.open_btn.click(on_open, [ui.state, ui.open_line, ui.open_method],
-                      [ui.state, *ui.outputs, ui.prompt, *ui.restorable, ui.tok_round, ui.tok_cand, ui.view_tabs],
-                      **hidden).then(None, js=TO_VIEWS, **hidden)
+                      [ui.state, *ui.outputs, ui.prompt, *ui.restorable, ui.tok_round, ui.tok_cand, ui.view_tabs,
+                       ui.offered], **hidden).then(None, js=TO_VIEWS, **hidden)
 
 
 def wire_decoding(ui: SimpleNamespace) -> None:
     """The prompt's stop proposals, settings moved during a Run, and Run, Step, Cancel, Branch, Reset, Tokens."""
     hidden = HIDDEN
-    proposed = gr.State(("",))  # the stop strings proposed on this page so far (USER: the box is the user's own)
+    offered = ui.offered
     # the prompt's handlers run one at a time, in the order the page sent them: a proposal read from the
     # text before a click on the frame cannot land after the frame's own
     in_order = dict(HIDDEN, concurrency_id="prompt", concurrency_limit=1)
     for trigger in (ui.prompt.input, ui.mode.input):
-        trigger(on_prompt, [ui.prompt, ui.mode, ui.stop, proposed], [ui.stop, proposed],
+        trigger(on_prompt, [ui.prompt, ui.mode, ui.stop, offered], [ui.stop, offered],
                 show_progress="hidden", trigger_mode="always_last", **in_order)
-    ui.stop.input(lambda: USER, None, [proposed], show_progress="hidden", **in_order)
+    # an edit of the box makes it the user's at once, not in the prompt's lane: Run pressed right after it finds it so
+    ui.stop.input(lambda: USER, None, [offered], show_progress="hidden", queue=False, **hidden)
     # a bare question read raw: the hint under the prompt offers chat mode or the Question/Answer frame in one click,
     # each followed by its stop proposal. The hint follows every change of the prompt or the mode, the frame's and
     # chat's own included, with one handler (always_last: its last run reads the box as it is then)
     gr.on([ui.prompt.change, ui.mode.change, ui.demo.load], teach.on_bare, [ui.prompt, ui.mode], [ui.bare],
           show_progress="hidden", trigger_mode="always_last", **in_order)
-    restop = dict(fn=on_prompt, inputs=[ui.prompt, ui.mode, ui.stop, proposed], outputs=[ui.stop, proposed],
+    restop = dict(fn=on_prompt, inputs=[ui.prompt, ui.mode, ui.stop, offered], outputs=[ui.stop, offered],
                   show_progress="hidden", **in_order)
     ui.bare_frame.click(teach.on_frame, [ui.prompt], [ui.prompt, ui.bare], **in_order).then(**restop)
     ui.bare_chat.click(teach.on_chat, None, [ui.mode, ui.bare], **in_order).then(**restop)
     # a prompt already in the box when the page loads (restored by the browser) gets its proposal too
-    ui.demo.load(on_prompt, [ui.prompt, ui.mode, ui.stop, proposed], [ui.stop, proposed], show_progress="hidden",
+    ui.demo.load(on_prompt, [ui.prompt, ui.mode, ui.stop, offered], [ui.stop, offered], show_progress="hidden",
                  **in_order)
     for c in ui.settings[1:]:  # every setting but the models
         c.input(on_live, [ui.state, *ui.settings], None, show_progress="hidden", trigger_mode="always_last",
@@ -134,11 +136,12 @@ def wire_decoding(ui: SimpleNamespace) -> None:
     ui.run_btn.click(None, js=TO_ANSWER, **hidden)
     # Run and Step first take the stop strings proposed from the prompt as it is now, however it got there (typed,
     # pasted, restored by the browser): the decode never starts before the proposal it would have had, and reads it
-    # from `pressed`, not from the box, which a proposal from an earlier text may still rewrite in between
-    pressed = gr.State("")
-    propose = dict(fn=on_press, inputs=[ui.prompt, ui.mode, ui.stop, proposed], outputs=[ui.stop, proposed, pressed],
+    # from `run_stops`, not from the box, which a proposal from an earlier text may still rewrite in between (a state
+    # is read when its event runs: a second press before the first decode starts decides again, for the same prompt)
+    run_stops = gr.State("")
+    propose = dict(fn=on_press, inputs=[ui.prompt, ui.mode, ui.stop, offered], outputs=[ui.stop, offered, run_stops],
                    queue=False, show_progress="hidden", **hidden)
-    settings = [pressed if c is ui.stop else c for c in ui.settings]
+    settings = [run_stops if c is ui.stop else c for c in ui.settings]
     ui.run_btn.click(**propose).then(
         on_run, [ui.state, ui.models, ui.device, ui.trust, ui.prompt, ui.compare, ui.others, ui.choice, *settings],
         [ui.state, *ui.outputs], show_progress="hidden", concurrency_limit=DECODE_QUEUE, concurrency_id="decode",

@@ -189,3 +189,7 @@ def test_a_proposal_from_an_earlier_text_that_lands_late_does_not_take_the_runs_
     decodes = [d for d, fn in deps if getattr(fn, "__name__", "") in ("on_run", "on_step")]
     assert len(decisions) == 1 and len(decodes) == 2
     assert all(stop_box not in d["inputs"] and decisions <= set(d["inputs"]) for d in decodes)
+    # an edit of the box is the user's at once (emptied, then Run at once: kept empty), not after queued proposals
+    marks, = [d for d in demo.config["dependencies"] if [stop_box, "input"] in [list(t) for t in d["targets"]]
+              and getattr(demo.fns[d["id"]].fn, "__name__", "") == "<lambda>"]
+    assert marks["queue"] is False

@@ -396,3 +396,6 @@ def test_a_fast_tokenizers_backend_decodes_as_its_wrapper_does(pair):
         rows += [tok("Hello .  it 's  über 東京 🙂\n\n", add_special_tokens=False).input_ids]
         for ids in rows:
             assert lm.decode(ids) == tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False), ids
+    # a class with its own decoding, or a tokenizer that is not a fast one: its own `decode` runs
+    own = type("Own", (type(pair[0].tokenizer),), {"_decode": lambda self, ids, **kw: "mine"})
+    assert backend_decoder(own.__new__(own)) is None and backend_decoder(object()) is None

@@ -11,6 +11,7 @@ from ..errors import PromptError
 # Stop-string sets whose token sets a model keeps (`stop_token_ids`; each a scan of the vocabulary to recompute): a
 # bound, since each visitor's prompt may bring its own stop strings.
 STOP_SETS_KEPT = 64
+_NOT_LOOKED_UP = False  # `LoadedModel._decoder` before its first use (None: it has none; a singleton survives copies)
 
 
 def backend_decoder(tokenizer) -> object | None:
@@ -47,7 +48,7 @@ class LoadedModel(ABC):
     _texts: list[str] | None = field(default=None, init=False, repr=False)  # vocab_texts(), computed once
     _stop_ids: dict[tuple[str, ...], frozenset[int]] = field(default_factory=dict, init=False, repr=False)
     _stop_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)  # evicting from it
-    _decoder: object = field(default=False, init=False, repr=False)  # `decode`'s backend (None: none), found once
+    _decoder: object = field(default=_NOT_LOOKED_UP, init=False, repr=False)  # `decode`'s backend (None: none)
 
     # ---- where it computes ----
     @property
@@ -123,8 +124,8 @@ class LoadedModel(ABC):
     def decode(self, ids: list[int]) -> str:
         """Token ids to text byte for byte: special tokens kept, no clean-up of spaces before punctuation. A fast
         tokenizer's Rust backend decodes directly where the Python wrapper adds nothing for these arguments
-        (`backend_decoder`): a decode explores and scores call ~200 times, 13 µs through the wrapper, 5 µs direct."""
-        if self._decoder is False:
+        (`backend_decoder`; a decode calls this for every token its exploration writes)."""
+        if self._decoder is _NOT_LOOKED_UP:
             self._decoder = backend_decoder(self.tokenizer)
         with self.tokenizer_lock:
             if self._decoder is not None:

@@ -75,8 +75,8 @@ class LocalModel(LoadedModel):
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes of its weights and buffers: summed once (nothing changes them after loading; a decode orders its
-        speculating models by it, at ~1 ms a model on tiny models)."""
+        """Bytes of its weights and buffers: summed once (nothing changes them after loading; every decode orders its
+        speculating models by it)."""
         if not self._memory_bytes:
             self._memory_bytes = sum(t.numel() * t.element_size() for t in (*self.model.parameters(),
                                                                              *self.model.buffers()))
