@@ -220,3 +220,17 @@ def test_the_packed_overhead_benchmark_prints_each_modes_cost_per_layer_and_requ
     assert torch.get_num_threads() == threads  # it runs on one thread, then gives the process its threads back
     out = capsys.readouterr().out
     assert out.count("engine per layer and request:") == 2 and out.count(" ms\n") == 8
+
+
+def test_auto_chooses_once_per_forward_and_sliding_window(monkeypatch):
+    """Every layer of one window holds as many keys per request: "auto" weighs the requests at the first such layer
+    only (a full and a sliding window here: two choices in a forward of three layers), as on a GPU."""
+    monkeypatch.setattr(packed, "launches_cost_more", lambda device: True)
+    chosen = []
+    monkeypatch.setattr(packed, "_cheapest", lambda *a: chosen.append(1) or "loop")
+    model = tiny("gemma-sliding")
+    assert batching.use_packed_attention(model)
+    reqs = [Request([[8]], prefilled(model, [5, 6, 7, 9, 10, 11])), Request([[9]], prefilled(model, [1, 2]))]
+    with torch.inference_mode():
+        packed_forward(model, reqs, "auto")
+    assert len(chosen) == 2

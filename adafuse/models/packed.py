@@ -119,6 +119,7 @@ class _PackedCache:
         self.attention = attention  # ATTENTION_MODES: one call per layer, a call per request, or chosen by cost
         self.kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.masks: dict[tuple, torch.Tensor] = {}  # the one call's masks, by (the rows' key lengths, window)
+        self.modes: dict[int | None, str] = {}  # what "auto" runs, by sliding window (`mode`)
         self.calls = 0  # attention calls this forward made (all layers)
 
     def update(self, key, value, layer_idx, cache_kwargs=None):
@@ -133,6 +134,17 @@ class _PackedCache:
         got = self._kernels.get(type(module))
         if got is None:
             got = self._kernels[type(module)] = (_inner(module), _inner_name(module) in CAUSAL_KERNELS)
+        return got
+
+    def mode(self, window: int | None, kv, device: torch.device) -> str:
+        """How this forward's layers of one sliding window (None: full attention) attend: the attention asked for, or
+        under "auto" the cheapest (`_cheapest`), chosen at the first such layer (every layer of a window holds as many
+        keys per request: the choice is the same, and was O(requests) of Python in every layer)."""
+        if self.attention != "auto":
+            return self.attention
+        got = self.modes.get(window)
+        if got is None:
+            got = self.modes[window] = _cheapest(self.segments, kv, device)
         return got
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -216,7 +228,7 @@ def packed_attention(module, query, key, value, attention_mask, **kwargs):
     segments = cache.segments
     window = kwargs.get("sliding_window")
     kv = cache.kv[module.layer_idx]
-    mode = cache.attention if cache.attention != "auto" else _cheapest(segments, kv, query.device)
+    mode = cache.mode(window, kv, query.device)
     if mode == "one":
         cache.calls += 1
         return _one_call(module, inner, query, segments, kv, window, cache.masks, **kwargs)
