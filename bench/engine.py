@@ -9,7 +9,8 @@ the sleeps of the two models take turns (one device). AdaFuse B=3 decodes of 8 w
 otherwise) go through `run_many` at each level in flight, on max(8, 2 × level) prompts. Printed per level: decodes/s,
 × one in flight, forwards per decode (every model's batcher forwards), ms per step (wall time per forward) and the
 engine's ms per step (the wall time during which no forward ran, per forward: what the engine costs on top of the
-device), and whether the first 8 traces are those decoded one at a time. `--attention rows` runs the packed attention
+device), the process's CPU time per decode and the cores it kept busy on average (on this 2-core machine, ~1.2 at 32
+in flight: the rest waits on the GIL), and whether the first 8 traces are those decoded one at a time. `--attention rows` runs the packed attention
 as `auto` picks it on a GPU for alike rows (on this CPU `auto` runs a call per request); `--sleep-ms 0` measures what
 this CPU's own work allows (the tiny models' layers and the engine, no device time): the ceiling of any level here.
 
@@ -114,13 +115,14 @@ def forwards(models) -> int:
 
 def sim_level(models, device: Device, level: int, n: int) -> tuple[dict, list]:
     fuser = AdaFuse(models, CONFIG)
-    before, t0 = forwards(models), time.perf_counter()
+    before, t0, c0 = forwards(models), time.perf_counter(), time.process_time()
     traces = list(run_many([lambda p=p: fuser.generate(p) for p in prompts(n)], level))
-    t1 = time.perf_counter()
+    t1, cpu = time.perf_counter(), time.process_time() - c0
     fwd = forwards(models) - before
     wall, busy = t1 - t0, device.busy(t0, t1)
     return {"wall_s": wall, "decodes/s": n / wall, "forwards/decode": fwd / n, "ms/step": 1000 * wall / fwd,
-            "engine ms/step": 1000 * (wall - busy) / fwd, "forward ms": 1000 * busy / fwd}, traces
+            "engine ms/step": 1000 * (wall - busy) / fwd, "forward ms": 1000 * busy / fwd,
+            "CPU ms/decode": 1000 * cpu / n, "cores busy": cpu / wall}, traces
 
 
 def simulate(levels: list[int], sleep_ms: float, repeats: int, attention: str = "auto") -> list[dict]:
@@ -143,7 +145,8 @@ def simulate(levels: list[int], sleep_ms: float, repeats: int, attention: str = 
         table.append({"in flight": lv, "prompts": max(8, 2 * lv), "decodes/s": round(med["decodes/s"], 2),
                       "× one": round(med["decodes/s"] / base, 2), "forwards/decode": round(med["forwards/decode"], 1),
                       "ms/step": round(med["ms/step"], 2), "engine ms/step": round(med["engine ms/step"], 2),
-                      "forward ms": round(med["forward ms"], 2),
+                      "forward ms": round(med["forward ms"], 2), "CPU ms/decode": round(med["CPU ms/decode"]),
+                      "cores busy": round(med["cores busy"], 2),
                       "same traces": f"{sum(not first_difference(a, b) for a, b in zip(ref[:k], traces[lv][:k]))}/{k}",
                       "runs decodes/s": [round(r["decodes/s"], 2) for r in runs[lv]]})
     workers = AdaFuse(models, CONFIG).start(prompts(1)[0]).trace.workers

@@ -234,3 +234,19 @@ def test_auto_chooses_once_per_forward_and_sliding_window(monkeypatch):
     with torch.inference_mode():
         packed_forward(model, reqs, "auto")
     assert len(chosen) == 2
+
+
+def test_the_engine_benchmark_runs_and_prints_its_columns(capsys):
+    """`python -m bench.engine` on two levels with no device time: every column printed, the traces of 2 in flight
+    those of one at a time."""
+    from bench import engine
+    threads = torch.get_num_threads()
+    try:
+        table = engine.simulate([1, 2], 0.0, 1)
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    for column in ("decodes/s", "forwards/decode", "engine ms/step", "CPU ms/decode", "cores busy", "same traces"):
+        assert column in out, column
+    assert [r["in flight"] for r in table] == [1, 2] and table[1]["same traces"] == "8/8"
+    assert all(r["CPU ms/decode"] > 0 and r["forwards/decode"] > 0 for r in table)
