@@ -310,29 +310,31 @@ def on_open(ex, line, method):
         return (ex, *_error(ex, exc), *keep)
 
 
-def stops_for(text, mode_v, stop_v, offered) -> tuple[str, tuple[str, ...] | str]:
+def stops_for(text, mode_v, stop_v, offered, edited: bool = False) -> tuple[str, tuple[str, ...] | str]:
     """The stop box's value for the prompt `text`, and the proposals this page has made (`offered`). Raw mode proposes
     stop strings from the prompt; chat mode none (a chat answer spans lines). The box keeps the user's own (`offered`
-    is `USER`: what they typed, even to empty, or an opened trace's) and a value the page never proposed (an
-    example's). Any value the page did propose gives way, however old: a proposal read from an earlier text can land
-    after a later one (a paste, then Run at once), and it is not the user's."""
+    is `USER`: `edited`, the page saw the user edit the box, even to empty; or an opened trace's) and a value the page
+    never proposed (an example's). Any value the page did propose gives way, however old: a proposal read from an
+    earlier text can land after a later one (a paste, then Run at once), and it is not the user's."""
     stop_v = stop_v or ""
+    if edited:
+        offered = USER
     if offered == USER or stop_v not in offered:
         return stop_v, offered
     new = format_stops(propose_stops(text or "")) if mode_v == "raw" else ""
     return new, offered if new in offered else (*offered, new)
 
 
-def on_prompt(text, mode_v, stop_v, offered):
+def on_prompt(text, mode_v, stop_v, offered, edited=False):
     """The prompt or the mode changed: the stop box shows the proposal for it (`stops_for`)."""
-    new, offered = stops_for(text, mode_v, stop_v, offered)
+    new, offered = stops_for(text, mode_v, stop_v, offered, edited)
     return (gr.update() if new == (stop_v or "") else new), offered
 
 
-def on_press(text, mode_v, stop_v, offered):
+def on_press(text, mode_v, stop_v, offered, edited=False):
     """Run or Step pressed: the stop strings for the prompt as it is now, shown in the box and held for the decode
     (a late proposal may still rewrite the box before the decode reads it: the decode reads what this decided)."""
-    new, offered = stops_for(text, mode_v, stop_v, offered)
+    new, offered = stops_for(text, mode_v, stop_v, offered, edited)
     return new, offered, new
 
 

@@ -61,6 +61,9 @@ TO_ANSWER = """() => { const el = document.getElementById('af-status');
 TO_VIEWS = """() => { const el = document.getElementById('af-example');
   if (el) el.scrollIntoView({behavior: 'smooth', block: 'start'}); }"""
 
+# What the stop strings' handlers get as their last input: whether the user edited the stop box (SHORTCUTS listens)
+STOP_EDITED = "(...args) => [...args.slice(0, -1), window.afStopEdited === true]"
+
 # Keyboard shortcuts: Ctrl+Enter runs, Ctrl+Shift+Enter steps (also from inside the prompt box).
 SHORTCUTS = """() => {
   if (window.afShortcuts) return;
@@ -75,6 +78,11 @@ SHORTCUTS = """() => {
     if (document.activeElement && document.activeElement.matches('input[type=number]')) document.activeElement.blur();
     button.click();
   });
+  // an edit of the stop box by the user (typed, deleted, pasted: every native input event; the page's own updates of
+  // the box send none, and Gradio's input event misses deletions and pastes): the box is the user's from then on
+  document.addEventListener('input', (e) => {
+    if (e.isTrusted && e.target.closest && e.target.closest('#af-stop')) window.afStopEdited = true;
+  }, true);
   // a decision-tree node that was not chosen: fill "Branch from round / with candidate", then branch
   document.addEventListener('click', (e) => {
     const node = e.target.closest && e.target.closest('#af-tree button[data-node]');

@@ -11,8 +11,8 @@ from .handlers import (on_answers, on_branch, on_cancel, on_eval, on_filter, on_
                        on_pick_row, on_press, on_prompt, on_reset, on_round, on_run, on_step, on_tokens, on_unload,
                        on_upload)
 from .sliders import snap_typed
-from .style import CSS, INTRO, SHORTCUTS, TO_ANSWER, TO_VIEWS
-from .views import CANCEL_AT, N_OUTPUTS, STATUS_AT, USER, gate_normalize, loaded_views, weight_sliders
+from .style import CSS, INTRO, SHORTCUTS, STOP_EDITED, TO_ANSWER, TO_VIEWS
+from .views import CANCEL_AT, N_OUTPUTS, STATUS_AT, gate_normalize, loaded_views, weight_sliders
 
 __all__ = ["CSS", "build_demo"]
 
@@ -45,6 +45,7 @@ def build_demo(rules: public.Policy | None = None) -> gr.Blocks:
     with gr.Blocks(title="AdaFuse Explorer") as ui.demo:
         ui.state = gr.State(Explorer())  # each visitor's own copy from the first press: two quick presses share it
         ui.offered = gr.State(("",))  # the stop strings the page proposed so far (USER: the box is the user's own)
+        ui.stop_edited = gr.Checkbox(False, visible=False)  # its value comes from the page (`STOP_EDITED`)
         gr.Markdown(INTRO)
         layout.settings_controls(ui)
         with gr.Row():
@@ -113,23 +114,18 @@ def wire_decoding(ui: SimpleNamespace) -> None:
     # the prompt's handlers run one at a time, in the order the page sent them: a proposal read from the
     # text before a click on the frame cannot land after the frame's own
     in_order = dict(HIDDEN, concurrency_id="prompt", concurrency_limit=1)
-    for trigger in (ui.prompt.input, ui.mode.input):
-        trigger(on_prompt, [ui.prompt, ui.mode, ui.stop, offered], [ui.stop, offered],
-                show_progress="hidden", trigger_mode="always_last", **in_order)
-    # an edit of the box makes it the user's at once, not in the prompt's lane: Run pressed right after it finds it so
-    ui.stop.input(lambda: USER, None, [offered], show_progress="hidden", queue=False, **hidden)
-    # a bare question read raw: the hint under the prompt offers chat mode or the Question/Answer frame in one click,
-    # each followed by its stop proposal. The hint follows every change of the prompt or the mode, the frame's and
-    # chat's own included, with one handler (always_last: its last run reads the box as it is then)
+    # every change of the prompt or the mode (typed, pasted, an example's, the frame's and chat's own, a prompt the
+    # browser restored at load) gets its stop proposal, with whether the user edited the stop box (`STOP_EDITED`)
+    stops_in = [ui.prompt, ui.mode, ui.stop, offered, ui.stop_edited]
+    gr.on([ui.prompt.change, ui.mode.change, ui.demo.load], on_prompt, stops_in, [ui.stop, offered], js=STOP_EDITED,
+          show_progress="hidden", trigger_mode="always_last", **in_order)
+    # a bare question read raw: the hint under the prompt offers chat mode or the Question/Answer frame in one click.
+    # The hint follows every change of the prompt or the mode, the frame's and chat's own included, with one handler
+    # (always_last: its last run reads the box as it is then)
     gr.on([ui.prompt.change, ui.mode.change, ui.demo.load], teach.on_bare, [ui.prompt, ui.mode], [ui.bare],
           show_progress="hidden", trigger_mode="always_last", **in_order)
-    restop = dict(fn=on_prompt, inputs=[ui.prompt, ui.mode, ui.stop, offered], outputs=[ui.stop, offered],
-                  show_progress="hidden", **in_order)
-    ui.bare_frame.click(teach.on_frame, [ui.prompt], [ui.prompt, ui.bare], **in_order).then(**restop)
-    ui.bare_chat.click(teach.on_chat, None, [ui.mode, ui.bare], **in_order).then(**restop)
-    # a prompt already in the box when the page loads (restored by the browser) gets its proposal too
-    ui.demo.load(on_prompt, [ui.prompt, ui.mode, ui.stop, offered], [ui.stop, offered], show_progress="hidden",
-                 **in_order)
+    ui.bare_frame.click(teach.on_frame, [ui.prompt], [ui.prompt, ui.bare], **in_order)
+    ui.bare_chat.click(teach.on_chat, None, [ui.mode, ui.bare], **in_order)
     for c in ui.settings[1:]:  # every setting but the models
         c.input(on_live, [ui.state, *ui.settings], None, show_progress="hidden", trigger_mode="always_last",
                 concurrency_limit=None, **hidden)
@@ -139,8 +135,8 @@ def wire_decoding(ui: SimpleNamespace) -> None:
     # from `run_stops`, not from the box, which a proposal from an earlier text may still rewrite in between (a state
     # is read when its event runs: a second press before the first decode starts decides again, for the same prompt)
     run_stops = gr.State("")
-    propose = dict(fn=on_press, inputs=[ui.prompt, ui.mode, ui.stop, offered], outputs=[ui.stop, offered, run_stops],
-                   queue=False, show_progress="hidden", **hidden)
+    propose = dict(fn=on_press, inputs=stops_in, outputs=[ui.stop, offered, run_stops], js=STOP_EDITED, queue=False,
+                   show_progress="hidden", **hidden)
     settings = [run_stops if c is ui.stop else c for c in ui.settings]
     ui.run_btn.click(**propose).then(
         on_run, [ui.state, ui.models, ui.device, ui.trust, ui.prompt, ui.compare, ui.others, ui.choice, *settings],

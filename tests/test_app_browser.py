@@ -585,6 +585,28 @@ def test_a_pasted_prompt_gets_its_stop_string_before_the_run_starts(page):
     assert pg.locator("#af-fused .af-out").inner_text().strip().endswith("Shakespeare.")
 
 
+
+def test_a_paste_proposes_at_once_and_a_stop_box_emptied_by_deleting_stays_empty(page):
+    """A paste (no Gradio input event) gets its proposal without a Run; the user deletes it (no input event either)
+    and runs at once: the decode has no stop string, and the box stays as the user left it."""
+    pg = page
+    pg.reload()
+    pg.get_by_text("AdaFuse Explorer").first.wait_for()
+    pg.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    pg.evaluate("t => navigator.clipboard.writeText(t)", "Question: Who wrote Hamlet?\nAnswer:")
+    box, stop = pg.locator("#af-prompt textarea"), pg.locator("#af-stop textarea")
+    box.fill("")
+    box.focus()
+    pg.keyboard.press("Control+V")
+    expect(stop).to_have_value("\\n", timeout=20_000)
+    stop.focus()
+    pg.keyboard.press("Control+A")
+    pg.keyboard.press("Delete")
+    pg.locator("#af-run").click()
+    text = wait_status(pg, "✓ done")
+    assert "stop: a stop string" not in text, text
+    assert stop.input_value() == ""
+
 def test_the_rounds_table_keeps_every_column_in_view_at_1400_px(page):
     pg = page
     fresh(pg, "QA · author of Hamlet", "Hamlet")

@@ -158,8 +158,8 @@ def test_the_bare_question_hint_follows_every_change_of_the_prompt_and_runs_in_o
     assert {("Prompt", "change"), ("Prompt mode", "change")} <= triggers and hint["trigger_mode"] == "always_last"
     ordered = [f for _, f in of(teach.on_bare) + of(teach.on_frame) + of(teach.on_chat) + of(on_prompt)
                if f.concurrency_id == "prompt"]
-    # the hint, the frame, chat, and on_prompt on typing (2), after the frame and chat (2) and at load
-    assert len(ordered) == 8 and all(f.concurrency_limit == 1 for f in ordered)
+    # the hint, the frame, chat, and on_prompt on every change of the prompt or mode (and at load)
+    assert len(ordered) == 4 and all(f.concurrency_limit == 1 for f in ordered)
 
 
 def test_a_proposal_from_an_earlier_text_that_lands_late_does_not_take_the_runs_stop_string():
@@ -180,6 +180,7 @@ def test_a_proposal_from_an_earlier_text_that_lands_late_does_not_take_the_runs_
     assert on_prompt(asked, "raw", late, offered)[0] == "\\n"  # as does the paste's own proposal, last
     # the box as the user left it is kept: typed (even empty), or set by an example and never proposed
     assert on_press(asked, "raw", "", USER)[2] == ""
+    assert on_press(asked, "raw", "", offered, True)[1:] == (USER, "")  # emptied by deleting: the user's from now on
     assert on_press(asked, "raw", "\\n\\nQuestion:", offered)[2] == "\\n\\nQuestion:"
     assert on_press(asked, "chat", "\\n", offered)[2] == ""  # chat mode: no proposal
     demo = build_demo()
@@ -189,7 +190,10 @@ def test_a_proposal_from_an_earlier_text_that_lands_late_does_not_take_the_runs_
     decodes = [d for d, fn in deps if getattr(fn, "__name__", "") in ("on_run", "on_step")]
     assert len(decisions) == 1 and len(decodes) == 2
     assert all(stop_box not in d["inputs"] and decisions <= set(d["inputs"]) for d in decodes)
-    # an edit of the box is the user's at once (emptied, then Run at once: kept empty), not after queued proposals
-    marks, = [d for d in demo.config["dependencies"] if [stop_box, "input"] in [list(t) for t in d["targets"]]
-              and getattr(demo.fns[d["id"]].fn, "__name__", "") == "<lambda>"]
-    assert marks["queue"] is False
+    # every handler that may propose reads whether the page saw the user edit the box (deleting or pasting into it
+    # sends Gradio no input event), from the page's script, as its last input
+    from app.style import STOP_EDITED
+    proposing = [d for d, fn in deps if fn in (on_press, on_prompt)]
+    assert len(proposing) == 3 and all(d["js"] == STOP_EDITED for d in proposing)  # the prompt, Run, Step
+    targets = {(getattr(demo.blocks.get(t), "label", None), e) for d in proposing for t, e in d["targets"]}
+    assert {("Prompt", "change"), ("Prompt mode", "change")} <= targets  # a paste changes the prompt, not "input"s it
