@@ -22,7 +22,6 @@ class Speculation:
         self.proposed: dict[int, list[str]] = {}  # this round: the texts each model proposed, in the order they acted
         self.leftover: dict[int, str] = {}        # per model: its span past the text the last round committed
         self._lookup: tuple[tuple | None, list[str]] = (None, [])  # the current round's prompt lookup, by its key
-        self._weight_bytes: dict[int, int] = {}
 
     def start_round(self, acting: Iterable[int], config: "DecodeConfig", side_by_side: bool) -> list[int]:
         """A round starts, nothing proposed yet: the acting models in the order they propose (one after another and
@@ -69,10 +68,8 @@ class Speculation:
                          if r.text and len(c.text) > len(r.text) and c.text.startswith(r.text)}
 
     def _weight_size(self, m: int) -> int:
-        """How heavy model m is (bytes of weights; a served model 0), read once per decode."""
-        if m not in self._weight_bytes:
-            try:
-                self._weight_bytes[m] = int(self.models[m].memory_bytes)
-            except (AttributeError, TypeError, StopIteration):
-                self._weight_bytes[m] = 0
-        return self._weight_bytes[m]
+        """How heavy model m is (bytes of weights, which a local model sums once; a served model 0)."""
+        try:
+            return int(self.models[m].memory_bytes)
+        except (AttributeError, TypeError, StopIteration):
+            return 0

@@ -9,10 +9,10 @@ the sleeps of the two models take turns (one device). AdaFuse B=3 decodes of 8 w
 otherwise) go through `run_many` at each level in flight, on max(8, 2 × level) prompts. Printed per level: decodes/s,
 × one in flight, forwards per decode (every model's batcher forwards), ms per step (wall time per forward) and the
 engine's ms per step (the wall time during which no forward ran, per forward: what the engine costs on top of the
-device), the process's CPU time per decode and the cores it kept busy on average (on this 2-core machine, ~1.2 at 32
-in flight: the rest waits on the GIL), and whether the first 8 traces are those decoded one at a time. `--attention rows` runs the packed attention
-as `auto` picks it on a GPU for alike rows (on this CPU `auto` runs a call per request); `--sleep-ms 0` measures what
-this CPU's own work allows (the tiny models' layers and the engine, no device time): the ceiling of any level here.
+device), the process's CPU time per decode and the cores it kept busy on average, and whether the first 8 traces are
+those decoded one at a time. `--attention rows` runs the packed attention as `auto` picks it on a GPU for alike rows
+(on this CPU `auto` runs a call per request); `--sleep-ms 0` measures what this CPU's own work allows (the tiny models'
+layers and the engine, no device time): the ceiling of any level here.
 
 The bundled pair on this CPU at 1/8/16 in flight is the existing concurrency benchmark:
 `python -m adafuse.harness.bench --concurrency 1 8 16 --trivia 32` (AdaFuse B=3; examples per minute, × one, and
